@@ -1,0 +1,52 @@
+// Error reporting shared by all ops: every check throws OpError naming the node, and the
+// ORT entry points (kernel creation and compute) turn it into an OrtStatus, so a bad model or bad
+// input is reported by ONNX Runtime as an error, never a crash.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/ort.h"
+
+namespace ort_mtp {
+
+class OpError : public std::runtime_error {
+ public:
+  OpError(OrtErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  OrtErrorCode code() const { return code_; }
+
+ private:
+  OrtErrorCode code_;
+};
+
+// Throws OpError("<op> node '<name>': <what>").
+[[noreturn]] void Fail(const std::string& where, const std::string& what,
+                       OrtErrorCode code = ORT_INVALID_ARGUMENT);
+
+// "op node 'name'" prefix for messages.
+std::string NodeLabel(const char* op, const std::string& node_name);
+
+std::string ShapeToString(const std::vector<int64_t>& shape);
+int64_t ElementCount(const std::vector<int64_t>& shape);
+const char* TypeName(ONNXTensorElementDataType type);
+size_t TypeSize(ONNXTensorElementDataType type);
+
+// Runs f and converts any exception into an OrtStatus (nullptr on success).
+template <typename F>
+OrtStatusPtr Guard(const std::string& where, F&& f) noexcept {
+  try {
+    f();
+    return nullptr;
+  } catch (const OpError& e) {
+    return Ort::GetApi().CreateStatus(e.code(), e.what());
+  } catch (const Ort::Exception& e) {
+    return Ort::GetApi().CreateStatus(e.GetOrtErrorCode(), (where + ": " + e.what()).c_str());
+  } catch (const std::exception& e) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, (where + ": " + e.what()).c_str());
+  } catch (...) {
+    return Ort::GetApi().CreateStatus(ORT_FAIL, (where + ": unknown error").c_str());
+  }
+}
+
+}  // namespace ort_mtp

@@ -1,0 +1,279 @@
+// The MatMulNBits custom op: attribute and shape validation, and dispatch to the CPU or CUDA kernel.
+// One op class per (activation type, execution provider); ONNX Runtime merges them into one schema
+// with the union of their type constraints.
+#include "matmul_nbits/matmul_nbits.h"
+
+#include <string>
+#include <vector>
+
+#include "common/validate.h"
+#include "ops.h"
+
+namespace ort_mtp {
+namespace {
+
+constexpr const char* kOpName = "MatMulNBits";
+enum Input { kA = 0, kB = 1, kScales = 2, kZeroPoints = 3, kGIdx = 4, kBias = 5, kInputCount = 6 };
+
+ONNXTensorElementDataType OnnxType(ElemType t) {
+  switch (t) {
+    case ElemType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case ElemType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case ElemType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+  }
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+struct Attrs {
+  int64_t K = 0, N = 0, bits = 0, block_size = 0, accuracy_level = 0;
+};
+
+int64_t RequiredInt(const Ort::ConstKernelInfo& info, const std::string& where, const char* name) {
+  int64_t value = 0;
+  Ort::Status status{Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)};
+  if (!status.IsOK()) Fail(where, std::string("missing required int attribute '") + name + "'");
+  return value;
+}
+
+int64_t OptionalInt(const Ort::ConstKernelInfo& info, const char* name, int64_t fallback) {
+  int64_t value = 0;
+  Ort::Status status{Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)};
+  return status.IsOK() ? value : fallback;
+}
+
+Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
+  Attrs a;
+  a.K = RequiredInt(info, where, "K");
+  a.N = RequiredInt(info, where, "N");
+  a.bits = OptionalInt(info, "bits", 4);
+  a.block_size = RequiredInt(info, where, "block_size");
+  a.accuracy_level = OptionalInt(info, "accuracy_level", 0);
+  if (a.K <= 0) Fail(where, "attribute K must be positive, got " + std::to_string(a.K));
+  if (a.N <= 0) Fail(where, "attribute N must be positive, got " + std::to_string(a.N));
+  if (a.bits != 4 && a.bits != 8)
+    Fail(where, "attribute bits=" + std::to_string(a.bits) + " is not supported (4 or 8)", ORT_NOT_IMPLEMENTED);
+  const int64_t bs = a.block_size;
+  if (bs < 16 || bs > 256 || (bs & (bs - 1)) != 0)
+    Fail(where, "attribute block_size must be a power of two in [16, 256], got " + std::to_string(bs));
+  if (a.accuracy_level < 0 || a.accuracy_level > 4)
+    Fail(where, "attribute accuracy_level must be in [0, 4], got " + std::to_string(a.accuracy_level));
+  return a;
+}
+
+// Shapes and types of the constant-shaped inputs (B, scales, zero_points, bias). Checked once at
+// session creation where they are initializers, and again on every call.
+struct WeightInfo {
+  std::vector<int64_t> b_shape, scales_shape, zp_shape, bias_shape;
+  ONNXTensorElementDataType b_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  ONNXTensorElementDataType scales_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  ONNXTensorElementDataType zp_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  ONNXTensorElementDataType bias_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+  bool has_b = false, has_scales = false, has_zp = false, has_bias = false;
+};
+
+// Accepts `shape` when it is [rows * cols] or [rows, cols].
+bool IsMatrix(const std::vector<int64_t>& shape, int64_t rows, int64_t cols) {
+  if (shape.size() == 1) return shape[0] == rows * cols;
+  return shape.size() == 2 && shape[0] == rows && shape[1] == cols;
+}
+
+// Fills the layout fields of `p` from the attributes and validates what is known in `w`.
+void CheckWeights(const std::string& where, const Attrs& at, ElemType type, const WeightInfo& w,
+                  MatMulNBitsProblem& p) {
+  p.N = at.N;
+  p.K = at.K;
+  p.bits = static_cast<int>(at.bits);
+  p.block_size = static_cast<int>(at.block_size);
+  p.k_blocks = (at.K + at.block_size - 1) / at.block_size;
+  p.block_bytes = at.block_size * at.bits / 8;
+  p.zp_row_bytes = (p.k_blocks * at.bits + 7) / 8;
+  p.type = type;
+  const std::string t = TypeName(OnnxType(type));
+  const std::string kn = " for K=" + std::to_string(at.K) + ", N=" + std::to_string(at.N) +
+                         ", block_size=" + std::to_string(at.block_size) + ", bits=" + std::to_string(at.bits);
+  if (w.has_b) {
+    if (w.b_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
+      Fail(where, std::string("input B must be uint8, got ") + TypeName(w.b_type));
+    const bool rank3 = w.b_shape.size() == 3 && w.b_shape[0] == at.N && w.b_shape[1] == p.k_blocks &&
+                       w.b_shape[2] == p.block_bytes;
+    if (!rank3 && !IsMatrix(w.b_shape, at.N, p.k_blocks * p.block_bytes))
+      Fail(where, "input B has shape " + ShapeToString(w.b_shape) + ", expected " +
+                      ShapeToString({at.N, p.k_blocks, p.block_bytes}) + kn);
+  }
+  if (w.has_scales) {
+    if (w.scales_type != OnnxType(type))
+      Fail(where, std::string("input scales must have A's type ") + t + ", got " + TypeName(w.scales_type));
+    if (!IsMatrix(w.scales_shape, at.N, p.k_blocks))
+      Fail(where, "input scales has shape " + ShapeToString(w.scales_shape) + ", expected " +
+                      ShapeToString({at.N, p.k_blocks}) + " or " + ShapeToString({at.N * p.k_blocks}) + kn);
+  }
+  p.zp_kind = ZeroPointKind::kNone;
+  if (w.has_zp) {
+    if (w.zp_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) {
+      p.zp_kind = ZeroPointKind::kPacked;
+      if (!IsMatrix(w.zp_shape, at.N, p.zp_row_bytes))
+        Fail(where, "input zero_points (uint8, packed) has shape " + ShapeToString(w.zp_shape) + ", expected " +
+                        ShapeToString({at.N, p.zp_row_bytes}) + " or " + ShapeToString({at.N * p.zp_row_bytes}) + kn);
+    } else if (w.zp_type == OnnxType(type)) {
+      p.zp_kind = ZeroPointKind::kTyped;
+      if (!IsMatrix(w.zp_shape, at.N, p.k_blocks))
+        Fail(where, "input zero_points (" + t + ") has shape " + ShapeToString(w.zp_shape) + ", expected " +
+                        ShapeToString({at.N, p.k_blocks}) + " or " + ShapeToString({at.N * p.k_blocks}) + kn);
+    } else {
+      Fail(where, std::string("input zero_points must be uint8 or A's type ") + t + ", got " + TypeName(w.zp_type));
+    }
+  }
+  if (w.has_bias) {
+    if (w.bias_type != OnnxType(type))
+      Fail(where, std::string("input bias must have A's type ") + t + ", got " + TypeName(w.bias_type));
+    if (w.bias_shape.size() != 1 || w.bias_shape[0] != at.N)
+      Fail(where, "input bias has shape " + ShapeToString(w.bias_shape) + ", expected " + ShapeToString({at.N}));
+  }
+}
+
+struct MatMulNBitsKernel {
+  MatMulNBitsKernel(const OrtKernelInfo* raw_info, ElemType type, bool cuda) : type_(type), cuda_(cuda) {
+    Ort::ConstKernelInfo info{raw_info};
+    where_ = NodeLabel(kOpName, info.GetNodeName());
+    attrs_ = ReadAttrs(info, where_);
+    const size_t n_inputs = info.GetInputCount();
+    if (n_inputs > kGIdx && !info.GetInputName(kGIdx).empty())
+      Fail(where_, "input g_idx (act-order / grouped index) is not supported; export without act-order",
+           ORT_NOT_IMPLEMENTED);
+    // Validate initializer shapes now, so a bad model fails at session creation.
+    WeightInfo w;
+    auto constant = [&](int index, bool& has, std::vector<int64_t>& shape, ONNXTensorElementDataType& et) {
+      if (static_cast<size_t>(index) >= n_inputs || info.GetInputName(index).empty()) return;
+      int is_constant = 0;
+      Ort::ConstValue v = info.GetTensorConstantInput(index, &is_constant);
+      if (!is_constant) return;
+      auto ti = v.GetTensorTypeAndShapeInfo();
+      has = true;
+      shape = ti.GetShape();
+      et = ti.GetElementType();
+    };
+    constant(kB, w.has_b, w.b_shape, w.b_type);
+    constant(kScales, w.has_scales, w.scales_shape, w.scales_type);
+    constant(kZeroPoints, w.has_zp, w.zp_shape, w.zp_type);
+    constant(kBias, w.has_bias, w.bias_shape, w.bias_type);
+    MatMulNBitsProblem unused;
+    CheckWeights(where_, attrs_, type_, w, unused);
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
+    return Guard(where_, [&] { Compute(raw_ctx); });
+  }
+
+  void Compute(OrtKernelContext* raw_ctx) {
+    Ort::KernelContext ctx{raw_ctx};
+    const size_t n_inputs = ctx.GetInputCount();
+    auto input = [&](int index) -> Ort::ConstValue {
+      return static_cast<size_t>(index) < n_inputs ? ctx.GetInput(index) : Ort::ConstValue{nullptr};
+    };
+    Ort::ConstValue a = input(kA), b = input(kB), scales = input(kScales);
+    Ort::ConstValue zp = input(kZeroPoints), g_idx = input(kGIdx), bias = input(kBias);
+    if (g_idx) Fail(where_, "input g_idx is not supported", ORT_NOT_IMPLEMENTED);
+
+    WeightInfo w;
+    auto describe = [](const Ort::ConstValue& v, bool& has, std::vector<int64_t>& shape, ONNXTensorElementDataType& et) {
+      if (!v) return;
+      auto ti = v.GetTensorTypeAndShapeInfo();
+      has = true;
+      shape = ti.GetShape();
+      et = ti.GetElementType();
+    };
+    describe(b, w.has_b, w.b_shape, w.b_type);
+    describe(scales, w.has_scales, w.scales_shape, w.scales_type);
+    describe(zp, w.has_zp, w.zp_shape, w.zp_type);
+    describe(bias, w.has_bias, w.bias_shape, w.bias_type);
+    MatMulNBitsProblem p;
+    CheckWeights(where_, attrs_, type_, w, p);
+
+    auto a_info = a.GetTensorTypeAndShapeInfo();
+    std::vector<int64_t> a_shape = a_info.GetShape();
+    if (a_info.GetElementType() != OnnxType(type_))
+      Fail(where_, std::string("input A has type ") + TypeName(a_info.GetElementType()) + ", expected " +
+                       TypeName(OnnxType(type_)));
+    if (a_shape.empty() || a_shape.back() != attrs_.K)
+      Fail(where_, "input A has shape " + ShapeToString(a_shape) + "; its last dimension must equal K=" +
+                       std::to_string(attrs_.K));
+    std::vector<int64_t> y_shape = a_shape;
+    y_shape.back() = attrs_.N;
+    p.M = ElementCount(a_shape) / attrs_.K;
+    Ort::UnownedValue y = ctx.GetOutput(0, y_shape);
+    if (p.M == 0) return;  // empty A: empty Y, nothing to compute
+
+    p.a = a.GetTensorRawData();
+    p.b = static_cast<const uint8_t*>(b.GetTensorRawData());
+    p.scales = scales.GetTensorRawData();
+    p.zero_points = zp ? zp.GetTensorRawData() : nullptr;
+    p.bias = bias ? bias.GetTensorRawData() : nullptr;
+    p.y = y.GetTensorMutableRawData();
+
+    if (cuda_) {
+#ifdef ORT_MTP_WITH_CUDA
+      if (const char* error = MatMulNBitsCuda(p, ctx.GetGPUComputeStream())) Fail(where_, error, ORT_FAIL);
+#endif
+      return;
+    }
+    MatMulNBitsCpu(
+        p,
+        [](void* c, void (*fn)(void*, size_t), size_t n, void* user) {
+          static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, n, 0, user);
+        },
+        &ctx);
+  }
+
+  std::string where_;
+  Attrs attrs_;
+  ElemType type_;
+  bool cuda_;
+};
+
+template <ElemType kType, bool kCuda>
+struct MatMulNBitsOp : Ort::CustomOpBase<MatMulNBitsOp<kType, kCuda>, MatMulNBitsKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    return Guard(kOpName, [&] { *kernel = new MatMulNBitsKernel(info, kType, kCuda); });
+  }
+  const char* GetName() const { return kOpName; }
+  const char* GetExecutionProviderType() const { return kCuda ? "CUDAExecutionProvider" : "CPUExecutionProvider"; }
+
+  size_t GetInputTypeCount() const { return kInputCount; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    switch (index) {
+      case kA:
+      case kScales:
+      case kBias: return OnnxType(kType);
+      case kB: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+      default: return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;  // zero_points: uint8 or T; g_idx: rejected
+    }
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+    return index <= kScales ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
+  }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return OnnxType(kType); }
+};
+
+}  // namespace
+
+void AddMatMulNBitsOps(Ort::CustomOpDomain& domain, bool with_cuda) {
+  static MatMulNBitsOp<ElemType::kFloat32, false> cpu_f32;
+  static MatMulNBitsOp<ElemType::kFloat16, false> cpu_f16;
+  static MatMulNBitsOp<ElemType::kBFloat16, false> cpu_bf16;
+  domain.Add(&cpu_f32);
+  domain.Add(&cpu_f16);
+  domain.Add(&cpu_bf16);
+#ifdef ORT_MTP_WITH_CUDA
+  if (with_cuda) {
+    static MatMulNBitsOp<ElemType::kFloat32, true> cuda_f32;
+    static MatMulNBitsOp<ElemType::kFloat16, true> cuda_f16;
+    static MatMulNBitsOp<ElemType::kBFloat16, true> cuda_bf16;
+    domain.Add(&cuda_f32);
+    domain.Add(&cuda_f16);
+    domain.Add(&cuda_bf16);
+  }
+#endif
+}
+
+}  // namespace ort_mtp
