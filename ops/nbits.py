@@ -1,0 +1,213 @@
+"""MatMulNBits weights in numpy: blockwise quantisation, packing, a float64 reference and a one-node model.
+
+The layout is com.microsoft::MatMulNBits' (and so ort_mtp::MatMulNBits'):
+  B            uint8 [N, k_blocks, block_size * bits / 8]; element k of a block sits in bits
+               [bits * (k % (8 / bits)), ...) of byte k * bits / 8, low bits first
+  scales       A's type, [N, k_blocks]
+  zero_points  optional: uint8 packed like B, one row of N padded to whole bytes
+               [N, ceil(k_blocks * bits / 8)], or A's type [N, k_blocks] (a real-valued zero point);
+               absent means 2^(bits-1)
+  bias         optional, A's type [N]
+  Y[m, n] = sum_k A[m, k] * (q[n, k] - zp[n, k // block_size]) * scale[n, k // block_size] + bias[n]
+
+Used by the tests, the device correctness checks and anyone who needs int4/int8 weights that a
+MatMulNBits node accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+ELEM_TYPES = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
+"""The activation types MatMulNBits accepts, by name."""
+
+
+@dataclass
+class NBitsWeights:
+    """One MatMulNBits weight set. Float arrays are float32 holding values exactly representable in
+    `dtype` (so casting them to `dtype` is lossless)."""
+
+    K: int
+    N: int
+    bits: int
+    block_size: int
+    dtype: str                      # "float32", "float16" or "bfloat16"
+    b: np.ndarray                   # uint8 [N, k_blocks, block_bytes]
+    scales: np.ndarray              # float32 [N, k_blocks]
+    zero_points: np.ndarray | None  # uint8 [N, zp_row_bytes] (packed) or float32 [N, k_blocks] (typed)
+    bias: np.ndarray | None         # float32 [N]
+
+    @property
+    def k_blocks(self) -> int:
+        return -(-self.K // self.block_size)
+
+    @property
+    def typed_zero_points(self) -> bool:
+        return self.zero_points is not None and self.zero_points.dtype != np.uint8
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 copy of x rounded (to nearest even) to the values of `dtype`."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "float32":
+        return x.copy()
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return rounded.astype(np.uint32).view(np.float32)
+    raise ValueError(f"unsupported dtype {dtype!r}: expected one of {sorted(ELEM_TYPES)}")
+
+
+def pack_bits(values: np.ndarray, bits: int) -> np.ndarray:
+    """Packs integers in [0, 2^bits) along the last axis, low bits first; the last axis must hold a
+    whole number of bytes' worth of values."""
+    values = np.asarray(values, dtype=np.uint8)
+    per_byte = 8 // bits
+    if values.shape[-1] % per_byte:
+        raise ValueError(f"last axis {values.shape[-1]} is not a multiple of {per_byte}")
+    grouped = values.reshape(*values.shape[:-1], -1, per_byte).astype(np.uint16)
+    shifts = (np.arange(per_byte, dtype=np.uint16) * bits)
+    return (grouped << shifts).sum(axis=-1).astype(np.uint8)
+
+
+def unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """Inverse of pack_bits: the first `count` values of the last axis."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    per_byte = 8 // bits
+    shifts = (np.arange(per_byte, dtype=np.uint8) * bits)
+    values = (packed[..., None] >> shifts) & ((1 << bits) - 1)
+    return values.reshape(*packed.shape[:-1], -1)[..., :count]
+
+
+def random_weights(rng: np.random.Generator, K: int, N: int, *, bits: int = 4, block_size: int = 32,
+                   dtype: str = "float32", zero_points: str | None = None, bias: bool = False,
+                   scale: float | None = None) -> NBitsWeights:
+    """Random quantised weights. zero_points: None, "packed" (uint8) or "typed" (A's type).
+
+    The bytes past K in the last block are random too: a correct kernel never reads them as weights.
+    """
+    k_blocks = -(-K // block_size)
+    levels = 1 << bits
+    q = rng.integers(0, levels, size=(N, k_blocks * block_size), dtype=np.uint8)
+    b = pack_bits(q, bits).reshape(N, k_blocks, block_size * bits // 8)
+    if scale is None:
+        scale = 1.0 / (levels * np.sqrt(K))  # keeps |Y| ~ |A|: fp16 stays far from overflow
+    scales = round_to(rng.uniform(-2.0, 2.0, size=(N, k_blocks)) * scale, dtype)
+    zp = None
+    if zero_points == "packed":
+        row_values = -(-k_blocks * bits // 8) * (8 // bits)
+        zp = pack_bits(rng.integers(0, levels, size=(N, row_values), dtype=np.uint8), bits)
+    elif zero_points == "typed":
+        zp = round_to(rng.uniform(0, levels - 1, size=(N, k_blocks)), dtype)
+    elif zero_points is not None:
+        raise ValueError(f"zero_points must be None, 'packed' or 'typed', got {zero_points!r}")
+    bias_values = round_to(rng.standard_normal(N), dtype) if bias else None
+    return NBitsWeights(K, N, bits, block_size, dtype, b, scales, zp, bias_values)
+
+
+def quant_values(w: NBitsWeights) -> np.ndarray:
+    """q[n, k] for k < K, as float64."""
+    q = unpack_bits(w.b.reshape(w.N, -1), w.bits, w.k_blocks * w.block_size)
+    return q[:, : w.K].astype(np.float64)
+
+
+def zero_point_values(w: NBitsWeights) -> np.ndarray:
+    """zero point per (n, block) [N, k_blocks], as float64."""
+    if w.zero_points is None:
+        return np.full((w.N, w.k_blocks), float(1 << (w.bits - 1)))
+    if w.typed_zero_points:
+        return w.zero_points.astype(np.float64)
+    return unpack_bits(w.zero_points, w.bits, w.k_blocks).astype(np.float64)
+
+
+def per_k(block_values: np.ndarray, w: NBitsWeights) -> np.ndarray:
+    """Expands [N, k_blocks] to [N, K] (each block's value repeated over its elements)."""
+    return np.repeat(block_values, w.block_size, axis=1)[:, : w.K]
+
+
+def dequantize(w: NBitsWeights) -> np.ndarray:
+    """Exact dequantised weight matrix [N, K] in float64."""
+    return (quant_values(w) - per_k(zero_point_values(w), w)) * per_k(w.scales.astype(np.float64), w)
+
+
+def reference(a: np.ndarray, w: NBitsWeights) -> np.ndarray:
+    """Y = A x dequant(B)^T + bias in float64 (A's leading dims kept)."""
+    a64 = np.asarray(a, dtype=np.float64)
+    y = a64 @ dequantize(w).T
+    if w.bias is not None:
+        y = y + w.bias.astype(np.float64)
+    return y
+
+
+def magnitude(a: np.ndarray, w: NBitsWeights) -> np.ndarray:
+    """sum_k |A[m,k]| |scale| (|q| + |zp|) + |bias|: a bound on every partial sum and product a kernel
+    forms on the way to Y[m, n], whichever way it groups (q - zp) * scale. Rounding errors are
+    proportional to it."""
+    s = per_k(np.abs(w.scales.astype(np.float64)), w)
+    t = s * (np.abs(quant_values(w)) + np.abs(per_k(zero_point_values(w), w)))
+    mag = np.abs(np.asarray(a, dtype=np.float64)) @ t.T
+    if w.bias is not None:
+        mag = mag + np.abs(w.bias.astype(np.float64))
+    return mag
+
+
+def tensor(name: str, values: np.ndarray, dtype: str | None = None) -> onnx.TensorProto:
+    """TensorProto of float32 `values` stored as `dtype` (float32/float16/bfloat16), or of values'
+    own dtype when dtype is None."""
+    if dtype is None or dtype == "float32":
+        return numpy_helper.from_array(np.asarray(values, dtype=values.dtype if dtype is None else np.float32), name)
+    if dtype == "float16":
+        return numpy_helper.from_array(np.asarray(values, dtype=np.float16), name)
+    if dtype == "bfloat16":
+        raw = (np.asarray(values, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        return helper.make_tensor(name, TensorProto.BFLOAT16, raw.shape, raw.tobytes(), raw=True)
+    raise ValueError(f"unsupported dtype {dtype!r}")
+
+
+def single_node_model(w: NBitsWeights, *, domain: str = "com.microsoft", a_shape=("M", None),
+                      accuracy_level: int | None = None, node_name: str = "matmul",
+                      flat_scales: bool = False, float32_io: bool = False) -> onnx.ModelProto:
+    """A model with one MatMulNBits node of `domain`: input A [*a_shape] (None = K), output Y.
+    Weights are initializers. float32_io: A and Y are float32, cast to and from w.dtype around the
+    node (how bfloat16 is fed from numpy, which has no bfloat16). ir_version 10 because ONNX Runtime
+    1.31 refuses newer IR versions."""
+    elem = ELEM_TYPES[w.dtype]
+    io_elem = TensorProto.FLOAT if float32_io else elem
+    a_dims = [w.K if d is None else d for d in a_shape]
+    y_dims = list(a_dims[:-1]) + [w.N]
+    scales = w.scales.reshape(-1) if flat_scales else w.scales
+    inits = [tensor("B", w.b), tensor("scales", scales, w.dtype)]
+    a_name, y_name = ("A_cast", "Y_cast") if float32_io else ("A", "Y")
+    inputs = [a_name, "B", "scales"]
+    if w.zero_points is not None:
+        inits.append(tensor("zero_points", w.zero_points, w.dtype if w.typed_zero_points else None))
+        inputs.append("zero_points")
+    else:
+        inputs.append("")
+    inputs.append("")  # g_idx
+    if w.bias is not None:
+        inits.append(tensor("bias", w.bias, w.dtype))
+        inputs.append("bias")
+    while inputs and inputs[-1] == "":
+        inputs.pop()
+    attrs = dict(K=w.K, N=w.N, bits=w.bits, block_size=w.block_size)
+    if accuracy_level is not None:
+        attrs["accuracy_level"] = accuracy_level
+    nodes = [helper.make_node("MatMulNBits", inputs, [y_name], name=node_name, domain=domain, **attrs)]
+    if float32_io:
+        nodes.insert(0, helper.make_node("Cast", ["A"], [a_name], to=elem))
+        nodes.append(helper.make_node("Cast", [y_name], ["Y"], to=TensorProto.FLOAT))
+    graph = helper.make_graph(
+        nodes, "matmul_nbits",
+        [helper.make_tensor_value_info("A", io_elem, a_dims)],
+        [helper.make_tensor_value_info("Y", io_elem, y_dims)],
+        initializer=inits,
+    )
+    return helper.make_model(graph, ir_version=10,
+                             opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])

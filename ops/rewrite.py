@@ -1,0 +1,505 @@
+"""Swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits, in a model, a file or a genai folder.
+
+The two ops share attributes and inputs, so a swap only changes the node's domain: the node keeps
+reading the same initializers, no weight byte is touched or copied. Models are loaded with
+load_external_data=False and written back with their external-data references unchanged, so
+external weights stay where they are (a file written into its source's folder shares them; one
+written elsewhere gets them by hard link, or by copy across file systems).
+
+    import onnx, ops.rewrite
+    model = onnx.load("model.onnx", load_external_data=False)
+    ops.rewrite.rewrite_model(model, exclude="/lm_head/*")   # -> number of nodes swapped
+    ops.rewrite.rewrite_path("model_folder", "model_folder_ort_mtp")   # also: python -m ops rewrite IN OUT
+
+Nodes our op cannot run (2-bit weights, g_idx, prepacked weights, ...) are left as com.microsoft
+nodes and reported, so a rewritten model always runs. Our op ignores accuracy_level (it always
+computes exactly), so where ORT's CPU op ran at accuracy_level 4 (int8 activations, as the genai
+builder's CPU int4 exports ask for) the rewritten model is the more accurate of the two. The swap
+is meant for the CUDA EP: on the CPU EP our op is the exact reference kernel, far slower than ORT's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from . import DOMAIN, MATMUL_NBITS, library_path
+
+SOURCE_DOMAIN = "com.microsoft"
+OPSET_VERSION = 1
+GENAI_CONFIG = "genai_config.json"
+GENAI_LIBRARY_KEY = "custom_ops_library"
+"""onnxruntime-genai's session option naming a custom-op library (src/config.cpp). genai only loads
+a library that lies inside the model folder, an EP's folder or the working directory, so the
+library is copied into the output folder and named relative to it."""
+
+_KNOWN_ATTRIBUTES = {"K", "N", "bits", "block_size", "accuracy_level"}
+_SUPPORTED_A_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+_G_IDX = 4
+_SCALES = 2
+
+
+class RewriteError(Exception):
+    """A user-facing problem with the input or output (the CLI prints it as one line)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Node selection
+
+
+class NodeFilter:
+    """Which nodes to rewrite, by node name. A pattern is a glob (fnmatch, case-sensitive, `*`
+    crosses `/`) or, prefixed with `re:`, a regular expression searched in the name. A node is
+    rewritten when it matches some include pattern (no include patterns: every node) and no
+    exclude pattern. Nodes without a name are matched by their first output's name."""
+
+    def __init__(self, include: str | Iterable[str] | None = None, exclude: str | Iterable[str] | None = None):
+        self.include = _patterns(include, "include")
+        self.exclude = _patterns(exclude, "exclude")
+        self.matched: set[str] = set()  # pattern texts that matched at least one candidate node
+
+    def selects(self, name: str) -> bool:
+        hits_include = [text for text, match in self.include if match(name)]
+        hits_exclude = [text for text, match in self.exclude if match(name)]
+        self.matched.update(hits_include, hits_exclude)
+        return (not self.include or bool(hits_include)) and not hits_exclude
+
+    def unmatched(self) -> list[str]:
+        """Patterns that matched no MatMulNBits node (likely typos)."""
+        return [text for text, _ in self.include + self.exclude if text not in self.matched]
+
+
+def _patterns(spec, what: str):
+    if spec is None:
+        return []
+    texts = [spec] if isinstance(spec, str) else list(spec)
+    compiled = []
+    for text in texts:
+        if not isinstance(text, str) or not text:
+            raise RewriteError(f"{what} pattern must be a non-empty string, got {text!r}")
+        if text.startswith("re:"):
+            try:
+                regex = re.compile(text[3:])
+            except re.error as e:
+                raise RewriteError(f"{what} pattern {text!r} is not a valid regular expression: {e}") from None
+            compiled.append((text, lambda name, r=regex: r.search(name) is not None))
+        else:
+            compiled.append((text, lambda name, g=text: fnmatch.fnmatchcase(name, g)))
+    return compiled
+
+
+# --------------------------------------------------------------------------------------------------
+# Model-level rewrite
+
+
+@dataclass
+class ModelReport:
+    """What a rewrite did to one model."""
+
+    rewritten: list[str] = field(default_factory=list)           # node names
+    unsupported: list[tuple[str, str]] = field(default_factory=list)  # (node name, why it was kept)
+    filtered_out: int = 0                                         # MatMulNBits nodes the filter left alone
+
+    @property
+    def count(self) -> int:
+        return len(self.rewritten)
+
+
+def rewrite_model(model: onnx.ModelProto, include=None, exclude=None) -> int:
+    """Swaps the com.microsoft MatMulNBits nodes selected by include/exclude (see NodeFilter) for
+    ort_mtp MatMulNBits, in place, in the main graph, its subgraphs and the model's functions.
+    Adds the ort_mtp opset import when it swapped a node. Returns the number of nodes swapped."""
+    return rewrite_model_report(model, NodeFilter(include, exclude)).count
+
+
+def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None) -> ModelReport:
+    """rewrite_model, returning what was swapped, what was kept and why."""
+    node_filter = node_filter or NodeFilter()
+    report = ModelReport()
+    initializer_types = {t.name: t.data_type for g in _graphs(model.graph) for t in g.initializer}
+    for owner, nodes in _node_lists(model):
+        changed = False
+        for node in nodes:
+            if node.op_type != MATMUL_NBITS or node.domain != SOURCE_DOMAIN:
+                continue
+            name = node.name or (node.output[0] if node.output else "")
+            if not node_filter.selects(name):
+                report.filtered_out += 1
+                continue
+            problem = _unsupported_reason(node, initializer_types)
+            if problem:
+                report.unsupported.append((name, problem))
+                continue
+            node.domain = DOMAIN
+            report.rewritten.append(name)
+            changed = True
+        if changed and owner is not None:  # a function declares its own opsets
+            _ensure_opset(owner.opset_import)
+    if report.rewritten:
+        _ensure_opset(model.opset_import)
+    return report
+
+
+def _unsupported_reason(node: onnx.NodeProto, initializer_types: dict[str, int]) -> str | None:
+    """Why ort_mtp::MatMulNBits cannot run this node, or None. Mirrors the op's own checks
+    (csrc/matmul_nbits/matmul_nbits.cc) for what can be seen in the graph."""
+    attrs = {a.name: a for a in node.attribute}
+    for name in attrs:
+        if name == "weight_prepacked" and attrs[name].i == 0:
+            continue  # explicit "raw layout", which is ours
+        if name not in _KNOWN_ATTRIBUTES:
+            return f"attribute {name!r} is not supported"
+    for name in ("K", "N", "block_size"):
+        if name not in attrs:
+            return f"attribute {name!r} is missing"
+    bits = attrs["bits"].i if "bits" in attrs else 4
+    if bits not in (4, 8):
+        return f"bits={bits} is not supported (4 or 8)"
+    block = attrs["block_size"].i
+    if block < 16 or block > 256 or block & (block - 1):
+        return f"block_size={block} is not a power of two in [16, 256]"
+    if len(node.input) > _G_IDX and node.input[_G_IDX]:
+        return "g_idx (act-order) is not supported"
+    if len(node.input) > _SCALES:
+        scale_type = initializer_types.get(node.input[_SCALES])
+        if scale_type is not None and scale_type not in _SUPPORTED_A_TYPES:
+            return f"scales type {onnx.TensorProto.DataType.Name(scale_type)} is not supported"
+    return None
+
+
+def _ensure_opset(opset_import) -> None:
+    if not any(o.domain == DOMAIN for o in opset_import):
+        opset_import.append(onnx.helper.make_opsetid(DOMAIN, OPSET_VERSION))
+
+
+def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """graph and every subgraph inside it (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        yield from _subgraphs(node)
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield from _graphs(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for g in attr.graphs:
+                yield from _graphs(g)
+
+
+def _node_lists(model: onnx.ModelProto):
+    """(owning function or None, node list) for every graph and function body of the model."""
+    for g in _graphs(model.graph):
+        yield None, g.node
+    for function in model.functions:
+        yield function, function.node
+        for node in function.node:
+            for g in _subgraphs(node):
+                yield function, g.node
+
+
+# --------------------------------------------------------------------------------------------------
+# External data
+
+
+def external_data_files(model: onnx.ModelProto) -> list[str]:
+    """Relative locations of every external-data file the model references, sorted."""
+    locations = set()
+    for t in _tensors(model):
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for entry in t.external_data:
+                if entry.key == "location":
+                    locations.add(entry.value)
+    return sorted(locations)
+
+
+def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    graphs = list(_graphs(model.graph))
+    for function in model.functions:
+        for node in function.node:
+            graphs.extend(_subgraphs(node))
+    for g in graphs:
+        yield from g.initializer
+        for sparse in g.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+    nodes = [n for g in graphs for n in g.node] + [n for f in model.functions for n in f.node]
+    for node in nodes:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+
+
+def _safe_relative(location: str, owner: Path, what: str = "external data location") -> Path:
+    rel = Path(location)
+    if not location or rel.is_absolute() or ".." in rel.parts:
+        raise RewriteError(f"{owner}: {what} {location!r} is not a path inside its folder")
+    return rel
+
+
+def link_or_copy(src: Path, dst: Path) -> str:
+    """Hard-links src to dst, or copies it when a link is impossible (another file system, or a
+    file system without hard links). Returns "link" or "copy"."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+        return "link"
+    except OSError:
+        shutil.copy2(src, dst)
+        return "copy"
+
+
+# --------------------------------------------------------------------------------------------------
+# File-level rewrite
+
+
+@dataclass
+class FileReport:
+    """What rewrite_file did."""
+
+    source: Path
+    output: Path
+    model: ModelReport
+    data_files: dict[str, str] = field(default_factory=dict)  # location -> "shared", "link" or "copy"
+    unmatched_patterns: list[str] = field(default_factory=list)  # include/exclude patterns that matched no node
+
+
+def load_model(path: Path) -> onnx.ModelProto:
+    """The model's graph, without loading any external weight."""
+    if not path.is_file():
+        raise RewriteError(f"{path}: no such model file")
+    try:
+        model = onnx.load(str(path), format="protobuf", load_external_data=False)
+    except (DecodeError, ValueError, RuntimeError) as e:
+        raise RewriteError(f"{path} is not an ONNX model ({type(e).__name__}: {e})") from None
+    # protobuf parses many non-model byte strings (an empty file, some text) without complaint
+    if not model.ir_version or not model.HasField("graph"):
+        raise RewriteError(f"{path} is not an ONNX model (no IR version or graph)")
+    return model
+
+
+def save_model(model: onnx.ModelProto, path: Path) -> None:
+    """Writes the model proto as it is: external-data references are kept, no tensor is moved."""
+    try:
+        data = model.SerializeToString()
+    except ValueError as e:  # protobuf's 2 GB limit, only reachable with weights inside the model
+        raise RewriteError(f"{path}: model is too large to serialise ({e}); store its weights as external data") from None
+    path.write_bytes(data)
+
+
+def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False) -> FileReport:
+    """Rewrites one .onnx file into `output` (a new file, or a new file inside an empty existing
+    folder). External data files are shared when output lies in the source's folder, otherwise
+    hard-linked (or copied) next to the output under the same relative names. require_rewrite:
+    raise, writing nothing, when no node was swapped."""
+    source, output = Path(source), Path(output)
+    model = load_model(source)
+    if output.is_dir():
+        if any(output.iterdir()):
+            raise RewriteError(f"{output} exists and is not empty")
+        output = output / source.name
+    elif output.exists():
+        raise RewriteError(f"{output} already exists")
+    if not output.parent.is_dir():
+        raise RewriteError(f"{output.parent}: no such folder")
+
+    node_filter = NodeFilter(include, exclude)
+    report = FileReport(source, output, rewrite_model_report(model, node_filter))
+    report.unmatched_patterns = node_filter.unmatched()
+    if require_rewrite and not report.model.count:
+        raise RewriteError(_nothing_rewritten(source, report.model))
+
+    same_folder = output.parent.resolve() == source.parent.resolve()
+    plan = []
+    for location in external_data_files(model):
+        rel = _safe_relative(location, source)
+        src_file = source.parent / rel
+        if not src_file.is_file():
+            raise RewriteError(f"{source}: external data file {src_file} is missing")
+        dst_file = output.parent / rel
+        if same_folder or (dst_file.exists() and dst_file.samefile(src_file)):
+            report.data_files[location] = "shared"
+        elif dst_file.exists():
+            raise RewriteError(f"{dst_file} exists and is not {src_file}, which {source.name} needs there")
+        else:
+            plan.append((location, src_file, dst_file))
+    for location, src_file, dst_file in plan:
+        report.data_files[location] = link_or_copy(src_file, dst_file)
+    save_model(model, output)
+    return report
+
+
+# --------------------------------------------------------------------------------------------------
+# Folder-level rewrite (onnxruntime-genai model folders)
+
+
+@dataclass
+class FolderReport:
+    """What rewrite_folder did."""
+
+    source: Path
+    output: Path
+    models: dict[str, ModelReport] = field(default_factory=dict)  # model file -> its report
+    library: str | None = None   # library file name inside output (None: nothing was rewritten)
+    links: int = 0               # files carried over by hard link
+    copies: int = 0              # files carried over by copy
+    unmatched_patterns: list[str] = field(default_factory=list)  # include/exclude patterns that matched no node
+
+    @property
+    def count(self) -> int:
+        return sum(r.count for r in self.models.values())
+
+
+def genai_model_sections(config: dict) -> list[tuple[str, dict]]:
+    """(dotted path, section) of every section of a genai_config that names an .onnx model in its
+    "filename" (model.decoder, model.mtp, model.vision, pipeline stages, ...)."""
+    found = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            filename = node.get("filename")
+            if isinstance(filename, str) and filename.endswith(".onnx"):
+                found.append((path, node))
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else key)
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(config, "")
+    return found
+
+
+def _session_options_for(section: dict, config: dict) -> dict:
+    """The session options genai uses for a section's model: its own, else the decoder's (genai's
+    fallback for sections without session_options)."""
+    if isinstance(section.get("session_options"), dict):
+        return section["session_options"]
+    decoder = config.get("model", {}).get("decoder")
+    owner = decoder if isinstance(decoder, dict) else section  # no decoder: nothing to fall back to
+    if not isinstance(owner.get("session_options"), dict):
+        owner["session_options"] = {}
+    return owner["session_options"]
+
+
+def rewrite_folder(source, output, include=None, exclude=None, library: str | None = None,
+                   require_rewrite: bool = False) -> FolderReport:
+    """Rewrites every model a genai_config.json names into a new folder `output` (absent or empty)
+    and carries every other file over (hard link, else copy; weights are never rewritten). The
+    library (default: ops.library_path()) is copied into `output` and named in the session options
+    of each rewritten model, so onnxruntime-genai loads the folder as it is. require_rewrite:
+    raise, writing nothing, when no node was swapped."""
+    source, output = Path(source), Path(output)
+    config_path = source / GENAI_CONFIG
+    if not source.is_dir():
+        raise RewriteError(f"{source}: no such folder")
+    if not config_path.is_file():
+        raise RewriteError(f"{source} is not an onnxruntime-genai model folder (no {GENAI_CONFIG})")
+    if output.exists() and (not output.is_dir() or any(output.iterdir())):
+        raise RewriteError(f"{output} exists and is not an empty folder")
+    if output.resolve() == source.resolve() or source.resolve() in output.resolve().parents:
+        raise RewriteError(f"{output} is inside {source}; write the rewritten folder elsewhere")
+    try:
+        config = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RewriteError(f"{config_path} is not valid JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise RewriteError(f"{config_path} is not a genai config (its top level is not a JSON object)")
+    sections = genai_model_sections(config)
+    if not sections:
+        raise RewriteError(f"{config_path} names no .onnx model")
+
+    node_filter = NodeFilter(include, exclude)
+    report = FolderReport(source, output)
+    rewritten: dict[str, onnx.ModelProto] = {}
+    for section_path, section in sections:
+        name = section["filename"]
+        if name in report.models:
+            continue  # two sections naming one file
+        model_path = source / _safe_relative(name, config_path, f"{section_path}.filename")
+        model = load_model(model_path)
+        for location in external_data_files(model):
+            data = model_path.parent / _safe_relative(location, model_path)
+            if not data.is_file():
+                raise RewriteError(f"{model_path}: external data file {data} is missing")
+        report.models[name] = rewrite_model_report(model, node_filter)
+        if report.models[name].count:
+            rewritten[name] = model
+    report.unmatched_patterns = node_filter.unmatched()
+    if require_rewrite and not rewritten:
+        merged = ModelReport()
+        for r in report.models.values():
+            merged.unsupported += r.unsupported
+            merged.filtered_out += r.filtered_out
+        raise RewriteError(_nothing_rewritten(source, merged))
+
+    lib_src = Path(library) if library else Path(library_path())
+    if rewritten:
+        if not lib_src.is_file():
+            raise RewriteError(f"custom-op library {lib_src} does not exist")
+        report.library = lib_src.name
+        for section_path, section in sections:
+            if section["filename"] not in rewritten:
+                continue
+            options = _session_options_for(section, config)
+            current = options.get(GENAI_LIBRARY_KEY)
+            if current not in (None, report.library):
+                raise RewriteError(
+                    f"{config_path}: {section_path} already loads custom-op library {current!r}; "
+                    "onnxruntime-genai loads one library per session")
+            options[GENAI_LIBRARY_KEY] = report.library
+
+    # Carry everything else over. Files written below (config, rewritten models, the library) are
+    # new files, never written through a link into the source folder.
+    written = {GENAI_CONFIG, *rewritten}
+    if report.library:
+        written.add(report.library)
+    output.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.rglob("*")):
+        if path.is_dir():
+            continue
+        rel = path.relative_to(source).as_posix()
+        if rel in written:
+            continue
+        if link_or_copy(path.resolve(), output / rel) == "link":
+            report.links += 1
+        else:
+            report.copies += 1
+    for name, model in rewritten.items():
+        save_model(model, output / name)
+    if report.library:
+        shutil.copy2(lib_src, output / report.library)
+    (output / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n")
+    return report
+
+
+def rewrite_path(source, output, include=None, exclude=None, library: str | None = None,
+                 require_rewrite: bool = False):
+    """rewrite_folder for a folder, rewrite_file for a file."""
+    source = Path(source)
+    if source.is_dir():
+        return rewrite_folder(source, output, include, exclude, library, require_rewrite)
+    if source.is_file():
+        return rewrite_file(source, output, include, exclude, require_rewrite)
+    raise RewriteError(f"{source}: no such file or folder")
+
+
+def _nothing_rewritten(source: Path, report: ModelReport) -> str:
+    if report.unsupported:
+        name, why = report.unsupported[0]
+        return (f"{source}: no MatMulNBits node can be rewritten ({len(report.unsupported)} unsupported, "
+                f"e.g. {name!r}: {why})")
+    if report.filtered_out:
+        return f"{source}: the include/exclude patterns select none of its {report.filtered_out} MatMulNBits nodes"
+    return f"{source} has no com.microsoft MatMulNBits node"

@@ -1,0 +1,212 @@
+"""ort_mtp::CopySlots on the CPU EP: slot promote, whole-tensor copy, in place through IOBinding and
+not aliased, many pairs of mixed types, and its errors (each naming the node and the pair)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+NODE = "commit_state"
+
+
+def copy_slots_model(pairs, node_name=NODE, n_outputs=None, n_inputs=None, slots_shape=(2,)):
+    """CopySlots(slots, src_0, dst_0, ...) -> (out_0, ...) for pairs [(np dtype, src shape, dst shape)].
+    Outputs declare their element types, as the op's variadic heterogeneous outputs require."""
+    inputs = [helper.make_tensor_value_info("slots", TensorProto.INT64, slots_shape)]
+    outputs, names = [], ["slots"]
+    for i, (dtype, src_shape, dst_shape) in enumerate(pairs):
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        inputs.append(helper.make_tensor_value_info(f"src_{i}", elem, src_shape))
+        inputs.append(helper.make_tensor_value_info(f"dst_{i}", elem, dst_shape))
+        names += [f"src_{i}", f"dst_{i}"]
+        outputs.append(helper.make_tensor_value_info(f"out_{i}", elem, None))
+    outputs = outputs[: n_outputs if n_outputs is not None else len(outputs)]
+    names = names[: n_inputs if n_inputs is not None else len(names)]
+    node = helper.make_node("CopySlots", names, [o.name for o in outputs], name=node_name, domain="ort_mtp")
+    graph = helper.make_graph([node], "copy_slots", inputs[: len(names)], outputs)
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                  helper.make_opsetid("ort_mtp", 1)])
+
+
+def _random(rng, dtype, shape):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -1000), min(info.max, 1000), size=shape, dtype=dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _expected(src, dst, slots):
+    s, d = slots
+    if (s, d) == (-1, -1):
+        return src.copy()
+    out = dst.copy()
+    out[d] = src[s]
+    return out
+
+
+@pytest.mark.parametrize(
+    "dst_rows,slots_list",
+    [(1, [(2, 0), (3, 0), (0, 0)]),          # window slot j -> the committed [1, ...] state
+     (4, [(2, 0), (3, 3), (0, 1), (1, 2)])],  # slot -> slot of a same-shaped tensor
+)
+def test_slot_promote_not_aliased(dst_rows, slots_list, cpu_session):
+    """out = dst with one slot replaced; the dst inputs themselves are left untouched."""
+    rng = np.random.default_rng(dst_rows)
+    pairs = [(np.float32, [4, 3, 5], [dst_rows, 3, 5]), (np.float16, [4, 2, 8], [dst_rows, 2, 8])]
+    session = cpu_session(copy_slots_model(pairs))
+    for slots in slots_list:
+        srcs = [_random(rng, d, s) for d, s, _ in pairs]
+        dsts = [_random(rng, d, s) for d, _, s in pairs]
+        dst_before = [d.copy() for d in dsts]
+        feeds = {"slots": np.array(slots, np.int64)}
+        feeds.update({f"src_{i}": s for i, s in enumerate(srcs)})
+        feeds.update({f"dst_{i}": d for i, d in enumerate(dsts)})
+        outs = session.run(None, feeds)
+        for src, dst, before, out in zip(srcs, dsts, dst_before, outs):
+            assert np.array_equal(out, _expected(src, before, slots))
+            assert np.array_equal(dst, before)
+
+
+def test_whole_copy(cpu_session):
+    rng = np.random.default_rng(1)
+    pairs = [(np.float32, [2, 3], [2, 3]), (np.int64, [5], [5]), (np.float16, [1, 4, 4], [1, 4, 4])]
+    session = cpu_session(copy_slots_model(pairs))
+    srcs = [_random(rng, d, s) for d, s, _ in pairs]
+    feeds = {"slots": np.array([-1, -1], np.int64)}
+    for i, (dtype, _, shape) in enumerate(pairs):
+        feeds[f"src_{i}"] = srcs[i]
+        feeds[f"dst_{i}"] = np.zeros(shape, dtype)
+    for src, out in zip(srcs, session.run(None, feeds)):
+        assert np.array_equal(out, src)
+
+
+def _bind(session, feeds, out_values):
+    binding = session.io_binding()
+    for name, value in feeds.items():
+        binding.bind_ortvalue_input(name, value)
+    for i, value in enumerate(out_values):
+        binding.bind_ortvalue_output(f"out_{i}", value)
+    session.run_with_iobinding(binding)
+    return binding.get_outputs()
+
+
+@pytest.mark.parametrize("slots", [(1, 2), (-1, -1)])
+def test_in_place_through_iobinding(slots, cpu_session):
+    """out_i bound to dst_i's own buffer: the op writes into dst_i, and only the slot changes."""
+    rng = np.random.default_rng(2)
+    pairs = [(np.float32, [3, 4, 6], [3, 4, 6]), (np.int32, [3, 7], [3, 7])]
+    session = cpu_session(copy_slots_model(pairs))
+    srcs = [_random(rng, d, s) for d, s, _ in pairs]
+    dsts = [_random(rng, d, s) for d, _, s in pairs]
+    expected = [_expected(s, d, slots) for s, d in zip(srcs, dsts)]
+    src_values = [ort.OrtValue.ortvalue_from_numpy(s) for s in srcs]
+    dst_values = [ort.OrtValue.ortvalue_from_numpy(d) for d in dsts]
+    feeds = {"slots": ort.OrtValue.ortvalue_from_numpy(np.array(slots, np.int64))}
+    for i in range(len(pairs)):
+        feeds[f"src_{i}"], feeds[f"dst_{i}"] = src_values[i], dst_values[i]
+    outs = _bind(session, feeds, dst_values)
+    for out, dst, want in zip(outs, dst_values, expected):
+        assert out.data_ptr() == dst.data_ptr()
+        assert np.array_equal(dst.numpy(), want)
+
+
+def test_not_aliased_through_iobinding_copies_the_rest(cpu_session):
+    """out_i bound to a separate buffer full of garbage: the rest of dst_i is carried over too."""
+    rng = np.random.default_rng(3)
+    pairs = [(np.float32, [4, 5], [4, 5])]
+    session = cpu_session(copy_slots_model(pairs))
+    src, dst = _random(rng, np.float32, [4, 5]), _random(rng, np.float32, [4, 5])
+    garbage = ort.OrtValue.ortvalue_from_numpy(np.full((4, 5), np.nan, np.float32))
+    feeds = {"slots": ort.OrtValue.ortvalue_from_numpy(np.array([3, 1], np.int64)),
+             "src_0": ort.OrtValue.ortvalue_from_numpy(src), "dst_0": ort.OrtValue.ortvalue_from_numpy(dst)}
+    out = _bind(session, feeds, [garbage])[0]
+    assert out.data_ptr() == garbage.data_ptr()
+    assert np.array_equal(garbage.numpy(), _expected(src, dst, (3, 1)))
+
+
+def test_many_pairs_of_mixed_types(cpu_session):
+    """60 pairs of ten element types and assorted shapes in one node (more ranges than one CUDA launch
+    carries, so the batching is exercised where it matters)."""
+    rng = np.random.default_rng(4)
+    dtypes = [np.float32, np.float16, np.float64, np.int64, np.int32, np.int16, np.int8, np.uint8, np.uint16, np.bool_]
+    pairs = []
+    for i in range(60):
+        tail = [int(x) for x in rng.integers(1, 6, size=int(rng.integers(0, 3)))]
+        pairs.append((dtypes[i % len(dtypes)], [5] + tail, [int(rng.integers(3, 7))] + tail))
+    session = cpu_session(copy_slots_model(pairs))
+    srcs = [_random(rng, d, s) for d, s, _ in pairs]
+    dsts = [_random(rng, d, s) for d, _, s in pairs]
+    feeds = {"slots": np.array([4, 2], np.int64)}
+    for i in range(len(pairs)):
+        feeds[f"src_{i}"], feeds[f"dst_{i}"] = srcs[i], dsts[i]
+    outs = session.run(None, feeds)
+    for i, (src, dst, out) in enumerate(zip(srcs, dsts, outs)):
+        assert out.dtype == dst.dtype and np.array_equal(out, _expected(src, dst, (4, 2))), f"pair {i}"
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+
+LABEL = f"CopySlots node '{NODE}'"
+
+
+def _run_error(cpu_session, pairs, slots, srcs, dsts):
+    session = cpu_session(copy_slots_model(pairs, slots_shape=None))  # shapes left to the op's checks
+    feeds = {"slots": np.array(slots, np.int64)}
+    for i in range(len(pairs)):
+        feeds[f"src_{i}"], feeds[f"dst_{i}"] = srcs[i], dsts[i]
+    with pytest.raises(Exception) as info:
+        session.run(None, feeds)
+    return str(info.value)
+
+
+F = np.float32
+
+
+@pytest.mark.parametrize(
+    "pairs,slots,shapes,expected",
+    [
+        ([(F, None, None)], [0, 1, 2], ([[3, 2]], [[3, 2]]), "input slots must hold 2 int64 values"),
+        ([(F, None, None)], [-1, 0], ([[3, 2]], [[3, 2]]), "slots must be (-1, -1) for whole tensors or two slot indices >= 0, got (-1, 0)"),
+        ([(F, None, None)], [3, 0], ([[3, 2]], [[3, 2]]), "pair 0 ('src_0' -> 'dst_0'): slots (3, 0) out of range for leading dims 3 and 3"),
+        ([(F, None, None)], [0, 1], ([[3, 2]], [[1, 2]]), "slots (0, 1) out of range for leading dims 3 and 1"),
+        ([(F, None, None), (F, None, None)], [0, 0], ([[3, 2], [3, 4]], [[3, 2], [3, 5]]),
+         "pair 1 ('src_1' -> 'dst_1'): src [3, 4] and dst [3, 5] differ beyond the leading (slot) axis"),
+        ([(F, None, None)], [-1, -1], ([[3, 2]], [[2, 2]]), "a whole-tensor copy needs equal shapes, got [3, 2] and [2, 2]"),
+        ([(F, None, None)], [0, 0], ([[]], [[]]), "slot copies need tensors of rank >= 1"),
+    ],
+)
+def test_run_errors(pairs, slots, shapes, expected, cpu_session):
+    srcs = [np.zeros(s, F) for s in shapes[0]]
+    dsts = [np.zeros(s, F) for s in shapes[1]]
+    message = _run_error(cpu_session, pairs, slots, srcs, dsts)
+    assert LABEL in message and expected in message
+
+
+def test_src_and_dst_types_differ(cpu_session):
+    model = copy_slots_model([(np.float32, None, None)])
+    model.graph.input[2].type.tensor_type.elem_type = TensorProto.FLOAT16  # dst_0
+    session = cpu_session(model)
+    with pytest.raises(Exception) as info:
+        session.run(None, {"slots": np.array([0, 0], np.int64), "src_0": np.zeros((2, 3), np.float32),
+                           "dst_0": np.zeros((2, 3), np.float16)})
+    assert LABEL in str(info.value) and "pair 0 ('src_0' -> 'dst_0'): src is float32 but dst is float16" in str(info.value)
+
+
+def test_src_without_dst_is_rejected(cpu_session):
+    model = copy_slots_model([(np.float32, [2], [2]), (np.float32, [2], [2])], n_inputs=4, n_outputs=2)
+    with pytest.raises(Exception) as info:
+        cpu_session(model)
+    assert LABEL in str(info.value) and "an odd number of inputs >= 3, got 4" in str(info.value)
+
+
+def test_outputs_must_match_pairs(cpu_session):
+    model = copy_slots_model([(np.float32, [2], [2]), (np.float32, [2], [2])], n_outputs=1)
+    with pytest.raises(Exception) as info:
+        cpu_session(model)
+    assert LABEL in str(info.value) and "has 2 (src, dst) pairs but 1 outputs" in str(info.value)

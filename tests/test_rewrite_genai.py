@@ -1,0 +1,106 @@
+"""A real onnxruntime-genai folder: a tiny random Qwen3 checkpoint exported by onnxruntime-genai's own
+builder (int4, CPU), rewritten with `ops.rewrite.rewrite_folder`, then loaded and run by
+onnxruntime-genai itself on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from ops.rewrite import GENAI_LIBRARY_KEY, rewrite_folder
+
+og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is not installed")
+
+
+@pytest.fixture(scope="module")
+def genai_qwen3(tmp_path_factory) -> Path:
+    """Exports a 2-layer, hidden-64 random Qwen3 with the genai builder (about 6 s on 2 cores)."""
+    torch = pytest.importorskip("torch", reason="torch is needed to make the tiny Qwen3 checkpoint")
+    transformers = pytest.importorskip("transformers", reason="transformers is needed to make the tiny Qwen3 checkpoint")
+    root = tmp_path_factory.mktemp("qwen3")
+    config = transformers.Qwen3Config(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, max_position_embeddings=128, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(root / "hf")
+    out = root / "genai"
+    build = subprocess.run(
+        [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(root / "hf"), "-o", str(out),
+         "-p", "int4", "-e", "cpu", "-c", str(root / "cache")],
+        capture_output=True, text=True, cwd=root)
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    return out
+
+
+def _logits(folder: Path, prompt, next_token) -> list[np.ndarray]:
+    """Logits after the prompt, then after one more (fixed) token: a prefill and a decode step."""
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=32)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.array([prompt], dtype=np.int32))
+    first = np.array(generator.get_output("logits"), dtype=np.float32)
+    generator.append_tokens(np.array([[next_token]], dtype=np.int32))
+    return [first, np.array(generator.get_output("logits"), dtype=np.float32)]
+
+
+def _exact_arithmetic_copy(source: Path, dest: Path) -> Path:
+    """The source folder with every MatMulNBits at accuracy_level 0. The builder's CPU int4 export sets
+    accuracy_level=4, which lets ORT's CPU op quantise A to int8 (a ~1% logit error here); ours
+    ignores accuracy_level and is exact, so the like-for-like reference is ORT at level 0."""
+    dest.mkdir()
+    for path in source.iterdir():
+        if path.name != "model.onnx":
+            (dest / path.name).hardlink_to(path)
+    model = onnx.load(str(source / "model.onnx"), load_external_data=False)
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "MatMulNBits" and attr.name == "accuracy_level":
+                attr.i = 0
+    (dest / "model.onnx").write_bytes(model.SerializeToString())
+    return dest
+
+
+def _count_ms_matmul(path: Path) -> int:
+    model = onnx.load(str(path), load_external_data=False)
+    return sum(n.op_type == "MatMulNBits" and n.domain == "com.microsoft" for n in model.graph.node)
+
+
+def test_rewritten_folder_runs_in_onnxruntime_genai(genai_qwen3, tmp_path):
+    out = tmp_path / "rewritten"
+    report = rewrite_folder(genai_qwen3, out)
+    expected = _count_ms_matmul(genai_qwen3 / "model.onnx")
+    assert expected > 0 and report.models["model.onnx"].count == expected
+    assert _count_ms_matmul(out / "model.onnx") == 0
+    # weights shared, not copied
+    assert (out / "model.onnx.data").samefile(genai_qwen3 / "model.onnx.data")
+    config = json.loads((out / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["session_options"][GENAI_LIBRARY_KEY] == report.library
+
+    # Same logits as the original folder run with exact arithmetic. Both run the same int4 weights
+    # in float32; our op differs from ORT's by float32 rounding only (test_matmul_nbits bounds it
+    # per matmul), far below 1e-4 of the logit scale through two layers.
+    prompt, next_token = [1, 5, 7, 9, 11], 42
+    want = _logits(_exact_arithmetic_copy(genai_qwen3, tmp_path / "exact"), prompt, next_token)
+    got = _logits(out, prompt, next_token)
+    for w, g in zip(want, got):
+        assert w.shape == g.shape
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
+
+
+def test_without_the_library_key_genai_cannot_load_it(genai_qwen3, tmp_path):
+    """The session option is what makes genai load the library: without it the ort_mtp domain is unknown."""
+    out = tmp_path / "rewritten"
+    rewrite_folder(genai_qwen3, out)
+    config_path = out / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    del config["model"]["decoder"]["session_options"][GENAI_LIBRARY_KEY]
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(Exception, match="ort_mtp"):
+        og.Model(str(out))
