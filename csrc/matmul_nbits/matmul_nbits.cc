@@ -28,26 +28,45 @@ struct Attrs {
   int64_t K = 0, N = 0, bits = 0, block_size = 0, accuracy_level = 0;
 };
 
+// True when the node has attribute `name` with a type other than int (float, string or a list). A
+// custom-op schema declares no attribute types, so ORT does not check them: without this, bits=8.0
+// would read as "absent" and silently fall back to 4.
+bool HasNonIntAttribute(const Ort::ConstKernelInfo& info, const char* name) {
+  const OrtApi& api = Ort::GetApi();
+  auto ok = [](OrtStatus* raw) { return Ort::Status{raw}.IsOK(); };
+  float f = 0.f;
+  size_t size = 0;
+  return ok(api.KernelInfoGetAttribute_float(info, name, &f)) ||
+         ok(api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) ||
+         ok(api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) ||
+         ok(api.KernelInfoGetAttributeArray_float(info, name, nullptr, &size));
+}
+
 int64_t RequiredInt(const Ort::ConstKernelInfo& info, const std::string& where, const char* name) {
   int64_t value = 0;
   Ort::Status status{Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)};
-  if (!status.IsOK()) Fail(where, std::string("missing required int attribute '") + name + "'");
+  if (!status.IsOK()) {
+    if (HasNonIntAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be an int");
+    Fail(where, std::string("missing required int attribute '") + name + "'");
+  }
   return value;
 }
 
-int64_t OptionalInt(const Ort::ConstKernelInfo& info, const char* name, int64_t fallback) {
+int64_t OptionalInt(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, int64_t fallback) {
   int64_t value = 0;
   Ort::Status status{Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)};
-  return status.IsOK() ? value : fallback;
+  if (status.IsOK()) return value;
+  if (HasNonIntAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be an int");
+  return fallback;
 }
 
 Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
   Attrs a;
   a.K = RequiredInt(info, where, "K");
   a.N = RequiredInt(info, where, "N");
-  a.bits = OptionalInt(info, "bits", 4);
+  a.bits = OptionalInt(info, where, "bits", 4);
   a.block_size = RequiredInt(info, where, "block_size");
-  a.accuracy_level = OptionalInt(info, "accuracy_level", 0);
+  a.accuracy_level = OptionalInt(info, where, "accuracy_level", 0);
   if (a.K <= 0) Fail(where, "attribute K must be positive, got " + std::to_string(a.K));
   if (a.N <= 0) Fail(where, "attribute N must be positive, got " + std::to_string(a.N));
   if (a.bits != 4 && a.bits != 8)
@@ -158,6 +177,9 @@ struct MatMulNBitsKernel {
     constant(kBias, w.has_bias, w.bias_shape, w.bias_type);
     MatMulNBitsProblem unused;
     CheckWeights(where_, attrs_, type_, w, unused);
+    // The CUDA kernel may prefetch constant weights before the previous kernel has finished.
+    const bool has_zp_input = n_inputs > kZeroPoints && !info.GetInputName(kZeroPoints).empty();
+    weights_constant_ = w.has_b && w.has_scales && (!has_zp_input || w.has_zp);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
@@ -188,6 +210,7 @@ struct MatMulNBitsKernel {
     describe(bias, w.has_bias, w.bias_shape, w.bias_type);
     MatMulNBitsProblem p;
     CheckWeights(where_, attrs_, type_, w, p);
+    p.weights_constant = weights_constant_;
 
     auto a_info = a.GetTensorTypeAndShapeInfo();
     std::vector<int64_t> a_shape = a_info.GetShape();
@@ -228,6 +251,7 @@ struct MatMulNBitsKernel {
   Attrs attrs_;
   ElemType type_;
   bool cuda_;
+  bool weights_constant_ = false;  // B, scales and zero_points (if any) are initializers
 };
 
 template <ElemType kType, bool kCuda>

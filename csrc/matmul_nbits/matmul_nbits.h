@@ -28,6 +28,7 @@ struct MatMulNBitsProblem {
   int64_t zp_row_bytes = 0;  // bytes per row of packed zero points (kPacked only)
   ElemType type = ElemType::kFloat32;
   ZeroPointKind zp_kind = ZeroPointKind::kNone;
+  bool weights_constant = false;  // B, scales, zero_points are session constants (initializers)
 
   const void* a = nullptr;            // [M, K] of `type`
   const uint8_t* b = nullptr;         // [N, k_blocks, block_bytes]

@@ -1,0 +1,219 @@
+// Small device helpers shared by the MatMulNBits CUDA kernels: asynchronous copies into shared memory,
+// ldmatrix, tensor-core mma, and the int4 -> fp16/bf16 conversion. Each is one or two PTX instructions;
+// they are written out because the compiler does not form them from plain C++ (cp.async with
+// zero-fill and an L2 hint, lop3 with a chosen truth table, prmt byte shuffles).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace ort_mtp {
+namespace gemv {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// L2 policy for weights: every weight byte is read exactly once per call, so mark it first to be
+// evicted and leave the L2 to the activations, scales and whatever the next kernel reuses.
+__device__ __forceinline__ uint64_t EvictFirstPolicy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// 16-byte global -> shared copy that bypasses L1 (.cg). With valid == false nothing is read and the
+// 16 destination bytes are zero-filled, which is how rows past N and tokens past M are padded.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+__device__ __forceinline__ void CpAsync16EvictFirst(uint32_t dst, const void* src, bool valid, uint64_t policy) {
+  const int src_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
+
+// 4-, 8- or 16-byte copy (the scales of one row and stage). cp.async.cg only takes 16 bytes.
+template <int kBytes>
+__device__ __forceinline__ void CpAsyncSmall(uint32_t dst, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  const int src_bytes = valid ? kBytes : 0;
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+}
+
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 matrices of 16-bit elements. Lanes 8i..8i+7 give the row addresses of matrix i (16 bytes
+// each); lane (g = lane / 4, t = lane % 4) receives bytes [4t, 4t + 4) of row g of matrix i in d[i].
+// Used on int4 weight rows it is the 4x4 word transpose among the 4 lanes of a quad that the mma
+// fragment layout needs, for free.
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&d)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+
+// Byte permute: result byte i = byte selector[i] of the 8-byte value (b:a).
+__device__ __forceinline__ uint32_t Prmt(uint32_t a, uint32_t b, uint32_t selector) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(selector));
+  return r;
+}
+
+// (a & b) | c in one instruction (truth table 0xEA); the compiler does not always find it.
+__device__ __forceinline__ uint32_t AndOr(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+// D = A(16x16, row) * B(16x8, col) + D, fp32 accumulators; A and B fp16 or bf16 pairs.
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+
+template <>
+__device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <>
+__device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// int4 -> (q - z) as exact fp16/bf16 pairs. A word holds nibbles n0..n7 (n_i in bits 4i..4i+3, the
+// low nibble of each byte first, i.e. 8 consecutive k). The magic-number trick ORs a nibble into the
+// mantissa of a power of two (1024 for fp16, whose ulp there is 1; 128 for bf16), so one lop3 turns
+// two nibbles (bits 0-3 and 16-19) into two halves at once; subtracting (magic + z) leaves q - z
+// exactly (|q - z| <= 15 fits both formats). Output pairs: out[0] = (n0, n4), out[1] = (n1, n5),
+// out[2] = (n2, n6), out[3] = (n3, n7), each minus z. ZeroPointConsts builds the per-z constants.
+template <typename T>
+struct Int4Dequant;
+
+template <>
+struct Int4Dequant<__half> {
+  // sub: half2(1024 + z); nfma: half2(-(64 + z)) for the nibbles that sit 4 bits up (16 * n + 1024,
+  // scaled by 1/16 in the same fma).
+  struct Consts {
+    uint32_t sub, nfma;
+  };
+  __device__ __forceinline__ static Consts Make(uint32_t z) {
+    const uint32_t lo = 0x6400u | z;            // 1024 + z
+    const uint32_t hi = 0xD400u + (z << 4);     // -(64 + z): 64 has ulp 1/16 in fp16
+    return {lo | (lo << 16), hi | (hi << 16)};
+  }
+  __device__ __forceinline__ static void Run(uint32_t w, const Consts& c, uint32_t (&out)[4]) {
+    constexpr uint32_t kMagic = 0x64006400u;  // half2(1024, 1024)
+    constexpr uint32_t kSixteenth = 0x2C002C00u;  // half2(1/16, 1/16)
+    const uint32_t w8 = w >> 8;
+    const uint32_t lo0 = AndOr(w, 0x000F000Fu, kMagic);
+    const uint32_t hi0 = AndOr(w, 0x00F000F0u, kMagic);
+    const uint32_t lo1 = AndOr(w8, 0x000F000Fu, kMagic);
+    const uint32_t hi1 = AndOr(w8, 0x00F000F0u, kMagic);
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(out[0]) : "r"(lo0), "r"(c.sub));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(out[1]) : "r"(hi0), "r"(kSixteenth), "r"(c.nfma));
+    asm("sub.f16x2 %0, %1, %2;\n" : "=r"(out[2]) : "r"(lo1), "r"(c.sub));
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(out[3]) : "r"(hi1), "r"(kSixteenth), "r"(c.nfma));
+  }
+};
+
+template <>
+struct Int4Dequant<__nv_bfloat16> {
+  // nsub: bf16x2(-(128 + z)). bf16 has 7 mantissa bits, so 128 + n (n < 16) is exact but a nibble
+  // shifted 4 bits up would reach the exponent: every nibble pair is shifted down to bits 0-3 first.
+  struct Consts {
+    uint32_t nsub, unused;
+  };
+  __device__ __forceinline__ static Consts Make(uint32_t z) {
+    const uint32_t v = 0xC300u | z;  // -(128 + z)
+    return {v | (v << 16), 0u};
+  }
+  __device__ __forceinline__ static void Run(uint32_t w, const Consts& c, uint32_t (&out)[4]) {
+    constexpr uint32_t kMagic = 0x43004300u;  // bf16x2(128, 128)
+    constexpr uint32_t kOne = 0x3F803F80u;    // bf16x2(1, 1)
+    const uint32_t x0 = AndOr(w, 0x000F000Fu, kMagic);
+    const uint32_t x1 = AndOr(w >> 4, 0x000F000Fu, kMagic);
+    const uint32_t x2 = AndOr(w >> 8, 0x000F000Fu, kMagic);
+    const uint32_t x3 = AndOr(w >> 12, 0x000F000Fu, kMagic);
+    // x * 1 + (-(128 + z)): exact, and fma.bf16x2 exists on sm_80 where add.bf16x2 does not.
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(out[0]) : "r"(x0), "r"(kOne), "r"(c.nsub));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(out[1]) : "r"(x1), "r"(kOne), "r"(c.nsub));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(out[2]) : "r"(x2), "r"(kOne), "r"(c.nsub));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(out[3]) : "r"(x3), "r"(kOne), "r"(c.nsub));
+  }
+};
+
+// Programmatic dependent launch (sm_90). Wait: block until the kernels this one depends on have
+// finished and their writes are visible (a no-op when the launch did not opt in). Trigger: let the
+// next kernel on the stream, if it opted in, start its own prologue.
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void GridDependencyTrigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T v);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float ToFloat<__half>(__half v) { return __half2float(v); }
+template <>
+__device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// A 16-bit float given by its bits (scales staged in shared memory as raw bytes).
+template <typename T>
+__device__ __forceinline__ float BitsToFloat(uint16_t bits);
+template <>
+__device__ __forceinline__ float BitsToFloat<__half>(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
+template <>
+__device__ __forceinline__ float BitsToFloat<__nv_bfloat16>(uint16_t bits) {
+  return __bfloat162float(__ushort_as_bfloat16(bits));
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float v);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+}  // namespace gemv
+}  // namespace ort_mtp
