@@ -1,0 +1,166 @@
+"""`python -m driver generate` and `python -m driver identity`.
+
+A user mistake (bad folder, prompt too long, k out of range, CUDA without a GPU, ...) prints one line
+`error: ...` on stderr and exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import DriverError
+from .generator import COMMIT_POLICIES, DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS, Generator
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own two-line usage+error becomes our one line
+        raise DriverError(f"{self.prog}: {message}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m driver", description="Greedy and MTP self-speculative generation.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt")
+    gen.add_argument("--model", help="model folder (default: the tiny preset, built once into a cache folder)")
+    gen.add_argument("--prompt", required=True, help="prompt text")
+    gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
+    gen.add_argument("--mode", choices=("greedy", "mtp"), default="mtp", help="decoding mode (default mtp)")
+    gen.add_argument("--draft-tokens", type=int, default=3,
+                     help=f"MTP drafts per round, 1..{MAX_DRAFT_TOKENS} (default 3)")
+    gen.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider (default cpu)")
+    gen.add_argument("--json", action="store_true", help="print one JSON object (tokens, text, stats) instead")
+    gen.add_argument("--profile", action="store_true",
+                     help="time each phase of a round (also DRIVER_PROFILE=1); adds device synchronisations")
+    gen.add_argument("--commit", choices=COMMIT_POLICIES, default="auto",
+                     help="partial-accept commit: auto (promote a window slot when the model has one) or "
+                          "replay (always restore and re-advance)")
+    gen.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run every forward eagerly")
+    gen.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
+                     help=f"prompt tokens per prefill forward (default {DEFAULT_PREFILL_CHUNK})")
+    gen.add_argument("--threads", type=int, help="CPU: intra-op threads (default: ONNX Runtime's choice)")
+
+    ident = sub.add_parser("identity", help="measure verify rows against width-1 decode rows, per op")
+    ident.add_argument("--model", help="model folder (default: the tiny preset)")
+    ident.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
+    ident.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
+    ident.add_argument("--width", type=int, default=4, help="verify width (k+1) to compare (default 4)")
+    ident.add_argument("--no-rewrite", action="store_true",
+                       help="keep com.microsoft::MatMulNBits (measure ONNX Runtime's own kernels)")
+    ident.add_argument("--streams", action="store_true",
+                       help="also compare MTP and greedy token streams over 22 sample prompts for k = 1..8")
+    ident.add_argument("--new-tokens", type=int, default=64, help="tokens per stream with --streams (default 64)")
+    ident.add_argument("--json", action="store_true")
+    return parser
+
+
+def resolve_model(path: str | None) -> str:
+    if path:
+        return path
+    from .default_model import default_model_folder
+
+    return str(default_model_folder(log=lambda m: print(m, file=sys.stderr)))
+
+
+def cmd_generate(args) -> int:
+    from .folder import read_folder
+    from .text import Text
+
+    folder = read_folder(resolve_model(args.model))
+    prompt_ids = Text(folder.tokenizer).encode(args.prompt)
+    # Buffers sized for this run: the prompt, the new tokens, and the widest verify beyond them.
+    need = len(prompt_ids) + max(args.max_new_tokens, 1)
+    generator = Generator(folder, provider=args.provider, mode=args.mode, draft_tokens=args.draft_tokens,
+                          max_length=max(2, min(folder.context_length, need)), prefill_chunk=args.prefill_chunk,
+                          cuda_graphs=not args.no_cuda_graphs, commit=args.commit,
+                          profile=True if args.profile else None, threads=args.threads)
+    generator.check_lengths(len(prompt_ids), args.max_new_tokens)
+    stream = generator.text.stream()
+
+    def show(tokens):
+        if not args.json:
+            sys.stdout.write(stream.push(tokens))
+            sys.stdout.flush()
+
+    result = generator.generate(prompt_ids, args.max_new_tokens, on_tokens=show)
+    if args.json:
+        out = result.as_dict()
+        out.update(model=str(folder.path), provider=args.provider, prompt=args.prompt)
+        print(json.dumps(out))
+    else:
+        print()
+        print(result.stats.line())
+        if result.stats.phase_ms:
+            per_round = result.stats.as_dict().get("phase_ms_per_round", {})
+            print("ms per round: " + " ".join(f"{k}={v:.3f}" for k, v in per_round.items()))
+    return 0
+
+
+def cmd_identity(args) -> int:
+    from . import identity
+    from .folder import read_folder
+    from .text import Text
+
+    folder = read_folder(resolve_model(args.model))
+    if not 2 <= args.width <= MAX_DRAFT_TOKENS + 1:
+        raise DriverError(f"--width must be from 2 to {MAX_DRAFT_TOKENS + 1}, got {args.width}")
+    prompt = Text(folder.tokenizer).encode(args.prompt)
+    if not prompt:
+        raise DriverError("the prompt is empty")
+    # The tokens to verify: what greedy decoding itself produces after the prompt.
+    rewrite = not args.no_rewrite
+    greedy = Generator(folder, provider=args.provider, mode="greedy", cuda_graphs=False, rewrite=rewrite,
+                       max_length=min(folder.context_length, len(prompt) + args.width + 1))
+    tokens = greedy.generate(prompt, args.width, stop_at_eos=False).tokens
+    result = identity.rows(folder, prompt, tokens, provider=args.provider, rewrite=rewrite,
+                           max_length=min(folder.context_length, len(prompt) + args.width + 1))
+    ops_report = identity.per_op(folder, prompt, tokens, provider=args.provider, rewrite=rewrite)
+    summary = identity.summarize_ops(ops_report)
+    stream_report = None
+    if args.streams:
+        longest = max(len(Text(folder.tokenizer).encode(p)) for p in identity.SAMPLE_PROMPTS)
+        mtp = Generator(folder, provider=args.provider, mode="mtp", rewrite=rewrite,
+                        max_length=min(folder.context_length, longest + args.new_tokens))
+        stream_report = identity.streams(mtp, identity.SAMPLE_PROMPTS, args.new_tokens, range(1, MAX_DRAFT_TOKENS + 1))
+    if args.json:
+        print(json.dumps({"model": str(folder.path), "provider": args.provider, "rows": result,
+                          "origins": [{"op": op, "nodes": n, "max_diff": d} for op, n, d in summary],
+                          "streams": stream_report}))
+        return 0
+    matmul = "ort_mtp" if rewrite else "com.microsoft"
+    print(f"width {result['width']} verify vs width-1 decode on {folder.path} ({args.provider}, {matmul} "
+          f"MatMulNBits):")
+    print(f"  logits rows bit-identical: {result['logits_rows_equal']} (max diff "
+          f"{max(result['logits_max_diff']):.3g}); argmax equal: {result['argmax_equal']}")
+    print(f"  hidden rows bit-identical: {result['hidden_rows_equal']}")
+    print(f"  KV cache max diff {result['kv_max_diff']:.3g}; linear-attention state max diff "
+          f"{result['state_max_diff']:.3g}")
+    if summary:
+        print("  ops whose output rows differ although their input rows are equal:")
+        for op, nodes, diff in summary:
+            print(f"    {op}: {nodes} node(s), max diff {diff:.3g}")
+    else:
+        print("  every op's rows are bit-identical")
+    for row in stream_report or []:
+        print(f"  k={row['k']}: MTP == greedy on {row['identical']}/{row['prompts']} prompts "
+              f"({args.new_tokens} tokens each), acceptance {row['acceptance']:.3f}, "
+              f"{row['tokens_per_round']:.2f} tokens/round, commits {row['commits']}")
+    return 0
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        if args.command == "generate":
+            return cmd_generate(args)
+        return cmd_identity(args)
+    except DriverError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0

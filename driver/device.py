@@ -1,0 +1,156 @@
+"""Where buffers live and how ONNX Runtime sees them: numpy on the CPU EP, CuPy on the CUDA EP.
+
+Both devices expose the same small surface, so the decoding loop is written once against `xp`
+(numpy or cupy): buffers are allocated once, bound to IOBindings by pointer, and every per-token
+update (positions, attention mask, argmax, copies between buffers) is an `xp` operation on the
+device. Only token ids are copied to the host.
+
+On CUDA, ONNX Runtime runs on the same stream as CuPy (provider option user_compute_stream), so a
+CuPy kernel launched after a session run is ordered after it without any host synchronisation, and
+runs are launched with disable_synchronize_execution_providers so the host does not wait for them.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import onnxruntime as ort
+
+from .errors import DriverError
+
+
+class CpuDevice:
+    name = "cpu"
+    ort_device = "cpu"
+    device_id = 0
+    graph_capture = False
+
+    def __init__(self, threads: int | None = None):
+        self.xp = np
+        self.threads = threads
+
+    def zeros(self, shape, dtype):
+        return np.zeros(shape, dtype=dtype)
+
+    def pointer(self, array) -> int:
+        return array.ctypes.data
+
+    def providers(self, graph_capture: bool = False) -> list:
+        return ["CPUExecutionProvider"]
+
+    def session_options(self, options: ort.SessionOptions) -> None:
+        if self.threads:
+            options.intra_op_num_threads = self.threads
+
+    def run_options(self, graph_id: int | None = None) -> ort.RunOptions:
+        return ort.RunOptions()
+
+    def to_host(self, array) -> np.ndarray:
+        return np.asarray(array)
+
+    def synchronize(self) -> None:
+        pass
+
+    def active(self):
+        return nullcontext()
+
+
+_STREAMS: dict[int, object] = {}  # one stream per GPU, shared by every Generator of the process
+
+
+class CudaDevice:
+    """One GPU, one CuPy stream shared with ONNX Runtime."""
+
+    name = "cuda"
+    ort_device = "cuda"
+
+    def __init__(self, device_id: int = 0, graph_capture: bool = True):
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise DriverError("--provider cuda needs onnxruntime-gpu, but this onnxruntime has no CUDA "
+                              "execution provider")
+        try:
+            import cupy
+        except ImportError:
+            raise DriverError("--provider cuda needs CuPy (pip install cupy-cuda12x or cupy-cuda13x)") from None
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except cupy.cuda.runtime.CUDARuntimeError:
+            count = 0
+        if count <= device_id:
+            raise DriverError("--provider cuda was requested but no CUDA GPU is visible on this machine")
+        _preload_cuda_libraries()
+        self.xp = cupy
+        self.device_id = device_id
+        self.graph_capture = graph_capture
+        cupy.cuda.Device(device_id).use()
+        if device_id not in _STREAMS:
+            _STREAMS[device_id] = cupy.cuda.Stream(non_blocking=True)
+        self.stream = _STREAMS[device_id]
+
+    def zeros(self, shape, dtype):
+        return self.xp.zeros(shape, dtype=dtype)
+
+    def pointer(self, array) -> int:
+        return array.data.ptr
+
+    def providers(self, graph_capture: bool = False) -> list:
+        options = {
+            "device_id": str(self.device_id),
+            "user_compute_stream": str(self.stream.ptr),
+            "enable_cuda_graph": "1" if graph_capture else "0",
+        }
+        return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+
+    def session_options(self, options: ort.SessionOptions) -> None:
+        pass
+
+    def run_options(self, graph_id: int | None = None) -> ort.RunOptions:
+        options = ort.RunOptions()
+        # The host does not wait for a run: the next CuPy operation is stream-ordered after it.
+        options.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        options.add_run_config_entry("gpu_graph_id", str(-1 if graph_id is None else graph_id))
+        return options
+
+    def to_host(self, array) -> np.ndarray:
+        return self.xp.asnumpy(array, stream=self.stream)  # waits for the stream up to this copy
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def active(self):
+        """Makes the shared stream CuPy's current stream for the block: every CuPy operation in it is
+        ordered with the ORT runs (which were given this stream at session creation)."""
+        return self.stream
+
+
+_PRELOADED = []
+
+
+def _preload_cuda_libraries() -> None:
+    """CUDA/cuDNN from the nvidia-* wheels, once, before the first CUDA session (ORT >= 1.21)."""
+    if not _PRELOADED and hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+        _PRELOADED.append(True)
+
+
+def make_device(provider: str, graph_capture: bool = True, threads: int | None = None):
+    if provider == "cpu":
+        return CpuDevice(threads)
+    if provider == "cuda":
+        return CudaDevice(graph_capture=graph_capture)
+    raise DriverError(f"unknown provider {provider!r} (cpu or cuda)")
+
+
+def bind(binding: ort.IOBinding, device, name: str, array, shape, output: bool = False) -> None:
+    """Binds `array` (a device buffer, or a contiguous leading part of one, of `shape`) by pointer."""
+    args = (device.ort_device, device.device_id, array.dtype.type, list(shape), device.pointer(array))
+    if output:
+        binding.bind_output(name, *args)
+    else:
+        binding.bind_input(name, *args)
+
+
+def bind_host(binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
+    """Binds a host numpy array (an input a kernel reads on the host, e.g. CopySlots' slot indices)."""
+    binding.bind_input(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)

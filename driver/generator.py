@@ -1,0 +1,336 @@
+"""Greedy and MTP self-speculative generation: the whole decoding loop is in this file.
+
+    from driver import Generator
+    gen = Generator("path/to/folder", provider="cpu", mode="mtp", draft_tokens=3)
+    result = gen.generate("Once upon a time", max_new_tokens=64)
+    print(result.text, result.stats.line())
+
+Loop-carried state between rounds (see docs/driver.md for the table):
+  main.length  L   tokens in the main model's cache; the next token t = x_L is known but not in it
+  t                the token the target predicted last (committed, already returned to the caller)
+  head.length      L - 1 - pending: the MTP head's cache holds pairs (hidden h_p, token x_p+1) for p < that
+  pending          accepted drafts of the last round whose pairs are not yet in the head's cache; their
+                   rows (plus the row for t) wait in head.hidden_in / head.ids and go in with the next
+                   round's first draft forward
+The MTP round, top to bottom, is `_mtp_round`; the three ways it commits are in `_commit`.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .copy_slots import SlotPromoter
+from .device import make_device
+from .errors import DriverError
+from .folder import ModelFolder, read_folder
+from .runner import GraphRunner
+from .sessions import create_session
+from .stats import Profiler, Stats, profiling_requested
+from .text import Text, TokenizerUnavailable
+
+MAX_DRAFT_TOKENS = 8
+DEFAULT_MAX_LENGTH = 4096  # KV buffer length when the caller does not say (the context may be far longer)
+DEFAULT_PREFILL_CHUNK = 256
+COMMIT_POLICIES = ("auto", "replay")  # replay: never promote a window slot (forces the snapshot path)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids (the prompt excluded)
+    text: str | None  # None when the `tokenizers` package is not installed
+    stats: Stats
+
+    def as_dict(self) -> dict:
+        return {"tokens": self.tokens, "text": self.text, "stats": self.stats.as_dict()}
+
+
+class Generator:
+    """Sessions and device buffers for one model folder, reused across generate() calls."""
+
+    def __init__(self, model, *, provider: str = "cpu", mode: str = "mtp", draft_tokens: int = 3,
+                 max_length: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 cuda_graphs: bool = True, commit: str = "auto", profile: bool | None = None,
+                 rewrite: bool = True, threads: int | None = None):
+        self.folder: ModelFolder = model if isinstance(model, ModelFolder) else read_folder(Path(model))
+        if mode not in ("greedy", "mtp"):
+            raise DriverError(f"mode must be greedy or mtp, got {mode!r}")
+        check_draft_tokens(draft_tokens)
+        if commit not in COMMIT_POLICIES:
+            raise DriverError(f"commit must be one of {', '.join(COMMIT_POLICIES)}, got {commit!r}")
+        if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise DriverError(f"prefill chunk must be a positive integer, got {prefill_chunk!r}")
+        folder = self.folder
+        self.max_length = max_length or min(folder.context_length, DEFAULT_MAX_LENGTH)
+        if not 2 <= self.max_length <= folder.context_length:
+            raise DriverError(f"max length must be between 2 and the model's context length "
+                              f"{folder.context_length}, got {self.max_length}")
+        self.mode = mode
+        self.draft_tokens = draft_tokens
+        self.commit_policy = commit
+        self.prefill_chunk = prefill_chunk
+        self.profile = profiling_requested(profile)
+        self._text: Text | None = None
+        if folder.main.state_window and provider != "cuda":
+            raise DriverError(f"{folder.path} was exported with state_window={folder.main.state_window}, which only "
+                              "ONNX Runtime's CUDA kernels run; use --provider cuda")
+        self.device = make_device(provider, graph_capture=cuda_graphs, threads=threads)
+        self.eos = set(folder.eos_token_ids)
+
+        # CUDA graphs (captured lazily, per width and state parity) for every width a round can run:
+        # 1 (decode, head chain steps), k+1 (verify), a+1 (re-advance, the head's first forward).
+        max_width = max(prefill_chunk, MAX_DRAFT_TOKENS + 1)
+        widths = range(1, MAX_DRAFT_TOKENS + 2)
+        capture = self.device.graph_capture
+        session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture)
+        self.main = GraphRunner(folder.main, session, self.device, self.max_length, max_width,
+                                folder.vocab_size, folder.hidden_size, capture_widths=widths)
+        self.head = None
+        self.promoter = None
+        self._drafts = self.device.zeros((MAX_DRAFT_TOKENS,), np.int64)
+        if mode == "mtp":
+            spec = folder.require_mtp()
+            session, swapped = create_session(spec, self.device, self.max_length, rewrite, capture)
+            self.rewritten += swapped
+            self.head = GraphRunner(spec, session, self.device, self.max_length, max_width,
+                                    folder.vocab_size, folder.hidden_size, capture_widths=widths)
+            if folder.main.state_window:
+                self.promoter = SlotPromoter(self.main)
+
+    # -- public API -----------------------------------------------------------------------------------
+
+    @property
+    def text(self) -> Text:
+        if self._text is None:
+            self._text = Text(self.folder.tokenizer)
+        return self._text
+
+    def encode(self, prompt: str) -> list[int]:
+        return self.text.encode(prompt)
+
+    def decode(self, ids) -> str:
+        return self.text.decode(ids)
+
+    def generate(self, prompt, max_new_tokens: int = 64, *, mode: str | None = None,
+                 draft_tokens: int | None = None, on_tokens=None, stop_at_eos: bool = True) -> GenerationResult:
+        """Generates up to max_new_tokens after `prompt` (text or token ids). on_tokens(list[int]) is
+        called with each batch of tokens as soon as they are committed."""
+        with self.device.active():
+            return self._generate(prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos)
+
+    def _generate(self, prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos) -> GenerationResult:
+        mode = mode or self.mode
+        k = self.draft_tokens if draft_tokens is None else draft_tokens
+        check_draft_tokens(k)
+        if mode == "mtp" and self.head is None:
+            raise DriverError("this Generator was built with mode='greedy'; build one with mode='mtp'")
+        ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        self.check_lengths(len(ids), max_new_tokens)
+        stats = Stats(mode=mode, draft_tokens=k if mode == "mtp" else 0, prompt_tokens=len(ids))
+        profiler = Profiler(self.device) if self.profile and mode == "mtp" else None
+        out: list[int] = []
+
+        def emit(tokens) -> bool:
+            """Appends committed tokens; True when generation is over (EOS or enough tokens)."""
+            done = False
+            kept = []
+            for tok in tokens:
+                kept.append(tok)
+                if (stop_at_eos and tok in self.eos) or len(out) + len(kept) >= max_new_tokens:
+                    done = True
+                    break
+            out.extend(kept)
+            if on_tokens and kept:
+                on_tokens(kept)
+            return done
+
+        runners = {"main": self.main, "head": self.head} if self.head is not None else {"main": self.main}
+        runs_before = {name: dict(r.graph_runs) for name, r in runners.items()}
+        start = time.perf_counter()
+        t = self._prefill(ids, with_head=mode == "mtp", stats=stats)
+        self.device.synchronize()
+        stats.prefill_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        done = emit([t])
+        pending = 0
+        while not done:
+            remaining = max_new_tokens - len(out)
+            k_round = min(k, remaining - 1) if mode == "mtp" else 0
+            if k_round < 1:  # greedy, or one token left: a plain width-1 decode step
+                t = self._decode_step(t, stats)
+                done = emit([t])
+                continue
+            tokens, pending = self._mtp_round(t, k_round, pending, stats, profiler)
+            t = tokens[-1]
+            done = emit(tokens)
+        self.device.synchronize()
+        stats.decode_seconds = time.perf_counter() - start
+        stats.new_tokens = len(out)
+        stats.graph_runs = {name: {i: n - runs_before[name].get(i, 0) for i, n in r.graph_runs.items()
+                                   if n > runs_before[name].get(i, 0)} for name, r in runners.items()}
+        if profiler:
+            stats.phase_ms = profiler.phase_ms()
+        try:
+            text = self.decode(out)
+        except TokenizerUnavailable:  # token ids in, token ids out
+            text = None
+        return GenerationResult(out, text, stats)
+
+    def check_lengths(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        if prompt_tokens < 1:
+            raise DriverError("the prompt is empty")
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise DriverError(f"max new tokens must be a positive integer, got {max_new_tokens!r}")
+        limit = self.max_length
+        what = "context length" if limit == self.folder.context_length else "max length"
+        if prompt_tokens >= limit:
+            raise DriverError(f"the prompt has {prompt_tokens} tokens, more than the {what} {limit} allows "
+                              f"(it needs room for at least one new token)")
+        if prompt_tokens + max_new_tokens > limit:
+            raise DriverError(f"{max_new_tokens} new tokens after a {prompt_tokens}-token prompt exceed the "
+                              f"{what} of {limit} tokens (at most {limit - prompt_tokens} new tokens fit)")
+
+    # -- prefill and greedy ---------------------------------------------------------------------------
+
+    def _prefill(self, ids: list[int], with_head: bool, stats: Stats) -> int:
+        """Runs the prompt through the main model in chunks (and the head over the prompt's pairs
+        (h_p, x_p+1)); returns the first generated token and leaves its hidden in head.hidden_in[0, 0]."""
+        main, head, xp = self.main, self.head, self.device.xp
+        main.reset()
+        if with_head:
+            head.reset()
+        chunk = self.prefill_chunk
+        for start in range(0, len(ids), chunk):
+            piece = ids[start:start + chunk]
+            width = len(piece)
+            main.ids[0, :width] = xp.asarray(piece, dtype=np.int64)
+            main.forward(width)
+            main.advance(width)
+            stats.forwards["prefill"] += 1
+            if with_head:
+                # pairs (h_p, x_p+1) for this chunk; the prompt's last position pairs with the first
+                # generated token, which goes in with the first round's draft forward
+                pairs = ids[start + 1:start + width + 1]
+                if pairs:
+                    head.hidden_in[0, :len(pairs)] = main.hidden[0, :len(pairs)]
+                    head.ids[0, :len(pairs)] = xp.asarray(pairs, dtype=np.int64)
+                    head.forward(len(pairs))
+                    head.advance(len(pairs))
+                    stats.forwards["head-prefill"] += 1
+        last = (len(ids) - 1) % chunk  # row of the prompt's last token in the last chunk
+        t = int(self.device.to_host(xp.argmax(main.logits[0, last])))
+        if with_head:
+            head.hidden_in[0, 0] = main.hidden[0, last]
+            head.ids[0, 0] = t
+        return t
+
+    def _decode_step(self, t: int, stats: Stats) -> int:
+        """Greedy: one width-1 forward of t; returns the next token. (MTP uses it for a generation's
+        last token, when there is no room for a draft; the head is not needed after it.)"""
+        main, xp = self.main, self.device.xp
+        main.ids[0, 0] = t
+        main.forward(1)
+        main.advance(1)
+        stats.forwards["decode"] += 1
+        return int(self.device.to_host(xp.argmax(main.logits[0, 0])))
+
+    # -- MTP ------------------------------------------------------------------------------------------
+
+    def _mtp_round(self, t: int, k: int, pending: int, stats: Stats, profiler) -> tuple[list[int], int]:
+        """One round: draft k tokens with the head, verify [t, d_0..d_k-1] in one forward of width
+        k+1, accept the longest prefix the target agrees with plus its bonus token, commit.
+        Returns the committed tokens (accepted drafts + bonus) and the new pending count."""
+        main, head, xp = self.main, self.head, self.device.xp
+        phase = profiler.phase if profiler else _no_phase
+        if profiler:
+            profiler.start_round()
+        L = main.length
+
+        # 1. Draft. The first head forward takes the `pending` rows left by the last round (accepted
+        #    drafts, each with the target's hidden) plus the row (h_L-1, t); its last row drafts d_0.
+        #    Then the head chains on its own hidden: (g_j-1, d_j-1) -> d_j.
+        with phase("draft"):
+            drafts = self._drafts[:k]
+            head.forward(pending + 1)
+            head.advance(pending + 1)
+            drafts[0] = xp.argmax(head.logits[0, pending])
+            for j in range(1, k):
+                head.hidden_in[0, 0] = head.hidden[0, pending if j == 1 else 0]
+                head.ids[0, 0] = drafts[j - 1]
+                head.forward(1)
+                head.advance(1)
+                drafts[j] = xp.argmax(head.logits[0, 0])
+            head.rewind(L)  # the chained steps were speculative: keep pairs up to (h_L-1, t)
+            stats.forwards["head"] += k
+
+        # 2. Verify [t, d_0 .. d_k-1] in one forward of width k+1.
+        with phase("verify"):
+            main.ids[0, 0] = t
+            main.ids[0, 1:k + 1] = drafts
+            main.forward(k + 1)
+            stats.forwards["verify"] += 1
+            target = xp.argmax(main.logits[0, :k + 1], axis=-1)  # the target's token after each position
+
+        # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens).
+        with phase("accept"):
+            both = self.device.to_host(xp.concatenate([drafts, target]))
+            drafted, wanted = both[:k].tolist(), both[k:].tolist()
+            a = 0
+            while a < k and drafted[a] == wanted[a]:
+                a += 1
+            bonus = wanted[a]  # the target's token after the accepted prefix
+        stats.rounds += 1
+        stats.drafted += k
+        stats.accepted += a
+        stats.round_tokens += a + 1
+
+        # 4. Commit the first a+1 verify tokens [t, d_0 .. d_a-1] in the main model.
+        self._commit(a, k, stats, phase)
+
+        # 5. Leave the head's next input rows: (h_L+j, d_j) for the accepted drafts and (h_L+a, bonus),
+        #    hidden rows from the forward that committed them (verify or re-advance).
+        head.hidden_in[0, :a + 1] = main.hidden[0, :a + 1]
+        head.ids[0, :a] = drafts[:a]
+        head.ids[0, a] = bonus
+        if profiler:
+            profiler.end_round()
+        return drafted[:a] + [bonus], a
+
+    def _commit(self, a: int, k: int, stats: Stats, phase) -> None:
+        """Makes the main model's cache and state those after [t, d_0 .. d_a-1] (a+1 tokens).
+
+        full     a == k: the verify's state is the committed state. Nothing to do but keep it.
+        promote  a < k, windowed state with W >= k+1: keep the verify's state and copy window slot
+                 a+W-(k+1) (the state after token a) into slot W-1 (the one the next forward reads).
+        replay   a < k otherwise: the verify read the state from the other buffer, which is still
+                 the state before it (the snapshot); keep that one and re-advance a+1 tokens.
+        """
+        main = self.main
+        window = main.spec.state_window
+        if a == k:
+            main.advance(k + 1)
+            stats.commits["full"] += 1
+        elif self.promoter is not None and window >= k + 1 and self.commit_policy != "replay":
+            with phase("commit"):
+                main.advance(a + 1)
+                self.promoter.promote(a + window - (k + 1), window - 1)
+            stats.commits["promote"] += 1
+        else:
+            with phase("re-advance"):
+                main.forward(a + 1)  # ids[:, :a+1] still hold [t, d_0 .. d_a-1]
+                main.advance(a + 1)
+            stats.forwards["re-advance"] += 1
+            stats.commits["replay"] += 1
+
+
+def check_draft_tokens(k) -> None:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS:
+        raise DriverError(f"draft tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {k!r}")
+
+
+def _no_phase(name: str):
+    return nullcontext()

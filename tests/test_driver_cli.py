@@ -1,0 +1,188 @@
+"""`python -m driver generate`: output, JSON, and one-line errors for user mistakes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from driver.cli import main as cli_main
+from test_driver_support import tiny_folder
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "driver", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def main(argv):
+    """The CLI in this process; generation runs single-threaded (faster on tiny models)."""
+    if argv and argv[0] == "generate" and "--threads" not in argv:
+        argv = [*argv, "--threads", "1"]
+    return cli_main(argv)
+
+
+def one_line_error(capsys, argv, *needles: str) -> str:
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    assert rc == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture()
+def folder_copy(tmp_path) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_folder(), dst)
+    return dst
+
+
+def test_generate_streams_text_and_ends_with_stats():
+    done = run_cli("generate", "--model", str(tiny_folder()), "--prompt", "def main():", "--max-new-tokens", "12",
+                   "--draft-tokens", "2")
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.rstrip("\n").splitlines()[-1]
+    assert "tok/s" in last and "acceptance" in last and "tokens/round" in last and "verify=" in last
+
+
+def test_without_model_the_tiny_preset_is_built_once(tmp_path, monkeypatch):
+    """The README's first command: no --model, a fresh cache."""
+    monkeypatch.setenv("ORT_MTP_CACHE", str(tmp_path / "cache"))
+    first = run_cli("generate", "--prompt", "Once upon a time", "--max-new-tokens", "8", "--threads", "1")
+    assert first.returncode == 0, first.stderr
+    assert "building the default model" in first.stderr and str(tmp_path / "cache") in first.stderr
+    built = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
+    assert len(built) == 1 and (built[0] / "genai_config.json").is_file()
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [built[0].name]  # no staging left behind
+    second = run_cli("generate", "--prompt", "Once upon a time", "--max-new-tokens", "8", "--threads", "1")
+    assert second.returncode == 0 and "building" not in second.stderr
+    assert first.stdout.splitlines()[:-1] == second.stdout.splitlines()[:-1]  # same text; stats differ
+
+
+def test_generate_json(capsys):
+    rc = main(["generate", "--model", str(tiny_folder()), "--prompt", "import os", "--max-new-tokens", "10",
+               "--json", "--profile"])
+    out, _ = capsys.readouterr()
+    assert rc == 0
+    result = json.loads(out)
+    assert len(result["tokens"]) <= 10 and isinstance(result["text"], str)
+    stats = result["stats"]
+    assert stats["mode"] == "mtp" and stats["draft_tokens"] == 3 and stats["new_tokens"] == len(result["tokens"])
+    assert {"tokens_per_second", "acceptance", "tokens_per_round", "forwards", "commits"} <= set(stats)
+    assert "verify" in stats["phase_ms_per_round"]
+
+
+def test_greedy_json_matches_mtp_json(capsys):
+    outs = []
+    for mode in ("greedy", "mtp"):
+        assert main(["generate", "--model", str(tiny_folder()), "--prompt", "class A:", "--max-new-tokens", "16",
+                     "--mode", mode, "--json"]) == 0
+        outs.append(json.loads(capsys.readouterr()[0]))
+    assert outs[0]["tokens"] == outs[1]["tokens"]
+    assert outs[0]["stats"]["forwards"].get("verify", 0) == 0 < outs[1]["stats"]["forwards"]["verify"]
+
+
+def test_the_folder_is_never_written(folder_copy, capsys):
+    def snapshot():
+        return sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in folder_copy.iterdir())
+
+    before = snapshot()
+    for mode in ("greedy", "mtp"):
+        assert main(["generate", "--model", str(folder_copy), "--prompt", "x = 1", "--max-new-tokens", "6",
+                     "--mode", mode]) == 0
+    capsys.readouterr()
+    assert snapshot() == before
+
+
+def test_user_mistakes_are_one_line_errors(tmp_path, folder_copy, capsys):
+    model = str(tiny_folder())
+    one_line_error(capsys, ["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"], "does not exist")
+    (tmp_path / "file").write_text("x")
+    one_line_error(capsys, ["generate", "--model", str(tmp_path / "file"), "--prompt", "x"], "is not a folder")
+    one_line_error(capsys, ["generate", "--model", str(tmp_path), "--prompt", "x"], "genai_config.json is missing")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--draft-tokens", "0"], "from 1 to 8")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--draft-tokens", "9"], "from 1 to 8")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--max-new-tokens", "0"], "positive")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--max-new-tokens", "5000"],
+                   "exceed the context length of 4096")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "word " * 5000], "more than the context length")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", ""], "prompt is empty")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--mode", "beam"], "invalid choice")
+    one_line_error(capsys, ["generate", "--model", model], "--prompt")
+
+
+def test_cuda_without_a_gpu_is_a_one_line_error(capsys):
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a CUDA GPU is visible here; this test is about machines without one")
+    except Exception:
+        pass
+    one_line_error(capsys, ["generate", "--model", str(tiny_folder()), "--prompt", "x", "--provider", "cuda"],
+                   "--provider cuda")
+
+
+def test_broken_folders(folder_copy, capsys):
+    argv = ["generate", "--model", str(folder_copy), "--prompt", "x", "--max-new-tokens", "4"]
+    config_path = folder_copy / "genai_config.json"
+    config = json.loads(config_path.read_text())
+
+    config_path.write_text("{not json")
+    one_line_error(capsys, argv, "not valid JSON")
+
+    config_path.write_text(json.dumps({**config, "model": {**config["model"], "type": "llama"}}))
+    one_line_error(capsys, argv, "model type 'llama' is not supported")
+
+    config_path.write_text(json.dumps(config))
+    (folder_copy / "tokenizer.json").rename(folder_copy / "tokenizer.moved")
+    one_line_error(capsys, argv, "tokenizer.json is missing")
+    (folder_copy / "tokenizer.moved").rename(folder_copy / "tokenizer.json")
+
+    (folder_copy / "mtp.onnx").rename(folder_copy / "mtp.moved")
+    one_line_error(capsys, argv, "mtp.onnx is missing")
+    (folder_copy / "mtp.moved").rename(folder_copy / "mtp.onnx")
+
+    (folder_copy / "model.onnx.data").rename(folder_copy / "data.moved")
+    one_line_error(capsys, argv, "external data file", "model.onnx.data is missing")
+    (folder_copy / "data.moved").rename(folder_copy / "model.onnx.data")
+
+    (folder_copy / "model.onnx").write_bytes(b"not a model")
+    one_line_error(capsys, argv, "model.onnx is not")
+
+
+def test_folder_without_mtp_head_runs_greedy_and_refuses_mtp(folder_copy, capsys):
+    config_path = folder_copy / "genai_config.json"
+    config = json.loads(config_path.read_text())
+    del config["model"]["mtp"]
+    config_path.write_text(json.dumps(config))
+    (folder_copy / "mtp.onnx").unlink()
+    base = ["generate", "--model", str(folder_copy), "--prompt", "x = 1", "--max-new-tokens", "4"]
+    assert main(base + ["--mode", "greedy"]) == 0
+    capsys.readouterr()
+    one_line_error(capsys, base, "has no MTP head", "--mode greedy")
+
+
+def test_real_process_error_has_no_traceback(tmp_path):
+    done = run_cli("generate", "--model", str(tmp_path / "missing"), "--prompt", "x")
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: model folder {tmp_path / 'missing'} does not exist"]
+
+
+def test_identity_command_names_the_ops_whose_rows_differ(capsys):
+    assert main(["identity", "--model", str(tiny_folder()), "--width", "3", "--json"]) == 0
+    report = json.loads(capsys.readouterr()[0])
+    rows = report["rows"]
+    assert rows["width"] == 3 and rows["argmax_equal"] == [True] * 3
+    assert rows["kv_max_diff"] < 1e-5 and rows["state_max_diff"] < 1e-5
+    assert {o["op"] for o in report["origins"]} <= {"GroupQueryAttention"}
+    one_line_error(capsys, ["identity", "--model", str(tiny_folder()), "--width", "1"], "--width")

@@ -1,0 +1,109 @@
+"""MTP self-speculative decoding equals the driver's own greedy decoding, token for token (CPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver import Generator
+from test_driver_support import PROMPTS, tiny_folder
+
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, max_length=128, threads=1)
+
+
+@pytest.fixture(scope="module")
+def greedy_streams(generator):
+    return {p: generator.generate(p, NEW_TOKENS, mode="greedy", stop_at_eos=False).tokens for p in PROMPTS}
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_mtp_equals_greedy_over_prompts(generator, greedy_streams, k):
+    assert len(PROMPTS) >= 20
+    totals = {"full": 0, "replay": 0, "promote": 0, "accepted": 0, "drafted": 0}
+    for prompt in PROMPTS:
+        result = generator.generate(prompt, NEW_TOKENS, draft_tokens=k, stop_at_eos=False)
+        assert result.tokens == greedy_streams[prompt], f"k={k} diverged from greedy on {prompt!r}"
+        s = result.stats
+        assert s.new_tokens == NEW_TOKENS
+        assert s.rounds == sum(s.commits.values())
+        assert s.forwards["verify"] == s.rounds
+        assert s.forwards["re-advance"] == s.commits["replay"]
+        assert s.forwards["head"] == s.drafted <= k * s.rounds  # the last round may draft fewer
+        assert s.round_tokens == s.accepted + s.rounds
+        for key in ("full", "replay", "promote"):
+            totals[key] += s.commits[key]
+        totals["accepted"] += s.accepted
+        totals["drafted"] += s.drafted
+    # both commit branches a CPU model has ran: full accepts and snapshot restore + re-advance
+    # (no window on the CPU EP, so never a slot promotion)
+    assert totals["full"] > 0 and totals["replay"] > 0 and totals["promote"] == 0
+    assert 0 < totals["accepted"] < totals["drafted"]
+
+
+def test_replay_policy_is_the_cpu_path(generator, greedy_streams):
+    """commit='replay' (what forces the snapshot path on a windowed model) changes nothing on CPU."""
+    forced = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=2, commit="replay", max_length=128,
+                       threads=1)
+    for prompt in PROMPTS[:6]:
+        result = forced.generate(prompt, NEW_TOKENS, stop_at_eos=False)
+        assert result.tokens == greedy_streams[prompt]
+
+
+def test_chunked_prefill_matches_one_forward(generator, greedy_streams):
+    chunked = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, prefill_chunk=3, max_length=128,
+                        threads=1)
+    for prompt in PROMPTS[:8]:
+        assert chunked.generate(prompt, NEW_TOKENS, mode="greedy", stop_at_eos=False).tokens == greedy_streams[prompt]
+        result = chunked.generate(prompt, NEW_TOKENS, stop_at_eos=False)
+        assert result.tokens == greedy_streams[prompt]
+        assert result.stats.forwards["prefill"] == -(-result.stats.prompt_tokens // 3)
+
+
+def test_generation_stops_at_eos_and_at_max_tokens(monkeypatch):
+    gen = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, max_length=64, threads=1)
+    ids = gen.encode("def main():")
+    greedy = gen.generate(ids, 12, mode="greedy", stop_at_eos=False).tokens
+    assert len(greedy) == 12
+    one = gen.generate(ids, 1)
+    assert one.tokens == greedy[:1] and one.stats.rounds == 0
+    streamed = []
+    result = gen.generate(ids, 12, on_tokens=streamed.extend, stop_at_eos=False)
+    assert streamed == result.tokens == greedy
+    # pretend greedy's 6th token is the end of text: both modes stop right after its first occurrence
+    stop = greedy[5]
+    monkeypatch.setattr(gen, "eos", {stop})
+    expected = greedy[:greedy.index(stop) + 1]
+    assert gen.generate(ids, 12, mode="greedy").tokens == expected
+    assert gen.generate(ids, 12).tokens == expected
+
+
+def test_profiler_reports_phases_only_when_asked(monkeypatch):
+    quiet = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=2, max_length=64, threads=1)
+    assert quiet.generate("def main():", 12).stats.phase_ms == {}
+    monkeypatch.setenv("DRIVER_PROFILE", "1")
+    loud = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=2, max_length=64, threads=1)
+    phases = loud.generate("def main():", 12, stop_at_eos=False).stats.as_dict()["phase_ms_per_round"]
+    assert {"draft", "verify", "accept", "host overhead", "round"} <= set(phases)
+    assert all(v >= 0 for v in phases.values())
+
+
+def test_every_round_forward_gets_a_graph_id_per_width_and_parity():
+    """The CUDA-graph bookkeeping, run on the CPU EP (which ignores gpu_graph_id): every forward of
+    a round is tagged 1 + 2*width + parity, prefill chunks wider than 9 run untagged (eager)."""
+    gen = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, max_length=128, threads=1)
+    gen.device.graph_capture = True
+    prompt = gen.encode("class Parser:\n    def __init__(self, text):")
+    assert len(prompt) > 10
+    result = gen.generate(prompt, 24, stop_at_eos=False)
+    s = result.stats
+    main_runs, head_runs = s.graph_runs["main"], s.graph_runs["head"]
+    assert sum(main_runs.values()) == s.forwards["verify"] + s.forwards["re-advance"] + s.forwards["decode"]
+    assert sum(head_runs.values()) == s.forwards["head"]
+    assert {(i - 1) // 2 for i in main_runs} <= set(range(1, 10))
+    assert {(i - 1) // 2 for i in main_runs if (i - 1) // 2 == 4} == {4}  # the verify width k+1
+    assert all((i - 1) % 2 == 0 for i in head_runs)  # the head has no recurrent state: parity 0
+    assert {(i - 1) % 2 for i in main_runs} == {0, 1}  # verifies alternate state buffers
