@@ -1,25 +1,39 @@
 """Device correctness check of the CUDA paths of ort_mtp::MatMulNBits and ort_mtp::CopySlots.
 
-    python bench/check_cuda_ops.py                 # on the GPU machine (about a minute)
-    python bench/check_cuda_ops.py --cpu-dry-run   # the same logic on the CPU EP (tests the script)
-    compute-sanitizer --tool memcheck python bench/check_cuda_ops.py --small --random-cases 4
-    compute-sanitizer --tool racecheck python bench/check_cuda_ops.py --small --random-cases 0
+    python bench/check_cuda_ops.py                  # every group (about 2 minutes on the GPU machine)
+    python bench/check_cuda_ops.py --smoke          # one tiny case per kernel path and template (~40 s)
+    python bench/check_cuda_ops.py --smoke --sanitizer memcheck     # each group under compute-sanitizer
+    python bench/check_cuda_ops.py --groups smoke-mma,decode        # chosen groups
+    python bench/check_cuda_ops.py --list           # the groups, what each covers, its environment
+    python bench/check_cuda_ops.py --cpu-dry-run    # the same logic on the CPU EP (tests the script)
 
-Builds nothing: the library comes from ops.library_path() (ORT_MTP_LIBRARY overrides). Writes
-check_cuda_ops.json to --out, else $OUT, else bench/results; prints a summary table last; exits
-non-zero when any check fails.
+Each group runs in its own process (ORT_MTP_GEMV_* are read once per process, and a kernel that
+faults leaves a CUDA context that fails every later call), so one crash cannot mask the rest. The
+parent touches no GPU itself: it starts the workers (under compute-sanitizer with --sanitizer, which
+then also marks a group failed when the tool reports an error), keeps each worker's output in
+<out>/<report>_logs/<group>.log, prints one line per group as it ends (PASS/FAIL, cases, seconds,
+the first error), writes <out>/<report>.json and prints a summary table last; exit status 1 when any
+group failed, 2 on a bad call. <out> is --out, else $OUT, else bench/results; <report> is
+check_cuda_ops, plus _smoke and _<tool> when those options are given.
+
+Builds nothing: the library comes from ops.library_path() (ORT_MTP_LIBRARY overrides).
 
 MatMulNBits, every case with fresh random data (A, B, scales, zero points, bias):
-  * CUDA output vs the float64 reference (ops.nbits.reference) and vs our CPU op, over fp16 / bf16 /
-    fp32, block sizes 16..256, zero points absent / packed / typed, bias, odd N, K % block != 0,
-    8 bits, M = 1..16 and large M. Tolerance per element: 1 ulp of the output type at |ref| (the
-    final rounding, plus a flipped rounding) + 2^-24 * (K/16 + 64) * magnitude (fp32 accumulation:
-    one rounding per mma k-step / lane group and per block; magnitude = sum |a| |scale| (|q|+|zp|)).
-    The output buffer is poisoned with NaN before each run, so an unwritten element fails.
+  * smoke groups, one per kernel path so that a fault names its path: the general kernel; the
+    tensor-core kernel with one K-slice and with clusters (every dtype, block size, zero-point kind
+    and 8/16-token template); its variants tm2, KC=128 and PDL; the CUDA-core kernel (simt). Per case
+    M = 1, 2, 3, 6, 9, 17 on the same rows: the M=17 output against the float64 reference, and every
+    row of every M bit-identical to the same row at M=17.
+  * full random cases: CUDA output vs the float64 reference (ops.nbits.reference) and vs our CPU op,
+    over fp16 / bf16 / fp32, block sizes 16..256, zero points absent / packed / typed, bias, odd N,
+    K % block != 0, 8 bits, M = 1..16 and large M. Tolerance per element: 1 ulp of the output type at
+    |ref| (the final rounding, plus a flipped rounding) + 2^-24 * (K/16 + 64) * magnitude (fp32
+    accumulation; magnitude = sum |a| |scale| (|q|+|zp|)). The output buffer is poisoned with NaN
+    before each run, so an unwritten element fails.
   * decode-consistency: row i of an M-row call is bit-identical to the M=1 call on row i alone, for
-    M = 1..16, 17, 24, 33, 40, on each kernel path.
+    M = 1..16, 17, 24, 33, 40, on each kernel path (tensor-core default, and simt).
   * ORT's CUDA graph (enable_cuda_graph=1, one gpu_graph_id per M): capture, replay, replay after new
-    data is written into the bound input buffer.
+    data is written into the bound input buffer (default launch, and PDL launches).
 CopySlots: slot promote in place (outputs bound to the destination buffers), slot copy and whole
 copy into separate (poisoned) outputs, many tensors (more than one launch's worth), mixed dtypes and
 odd byte counts, and in place under ORT's CUDA graph; each compared bit-exactly with numpy.
@@ -29,9 +43,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
+import signal
+import subprocess
 import sys
 import time
 import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -50,17 +71,25 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     return 2.0 ** (e - MANTISSA[dtype])
 
 
-def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: int, sms: int = 132) -> str:
-    """Which CUDA kernel the op picks (mirrors PlanMma in matmul_nbits_cuda.cu; for the report)."""
-    if dtype == "float32" or bits != 4 or zp == "typed" or block not in (32, 64, 128, 256):
+def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: int, variant: str = "tm1",
+                  kc_pref: int = 256, sms: int = 132) -> str:
+    """Which CUDA kernel the op picks (mirrors PlanMma / PlanSimt in matmul_nbits_cuda.cu; for the
+    report). Assumes 16-byte aligned A and B, as the checks' buffers are."""
+    fast = dtype != "float32" and bits == 4 and zp != "typed" and block in (32, 64, 128, 256)
+    if variant == "simt":
+        return "simt" if fast and K % 32 == 0 else "generic"
+    if not fast or variant == "generic":
         return "generic"
-    kc = (256 if K % 256 == 0 else 128 if K % 128 == 0 else 0) if block <= 64 else (2 * block if K % (2 * block) == 0 else 0)
+    if block <= 64:
+        kc = 256 if K % 256 == 0 and kc_pref == 256 else 128 if K % 128 == 0 else 0
+    else:
+        kc = 2 * block if K % (2 * block) == 0 else 0
     if not kc:
         return "generic"
     tiles, kchunks, splits = -(-N // 128), K // kc, 1
     while splits < 8 and tiles * splits < sms and kchunks >= 4 * splits:
         splits *= 2
-    return f"mma(kc={kc},splits={splits})"
+    return f"mma-{variant}(kc={kc},splits={splits})"
 
 
 def random_a(rng, M: int, K: int, dtype: str) -> np.ndarray:
@@ -70,11 +99,11 @@ def random_a(rng, M: int, K: int, dtype: str) -> np.ndarray:
 class MatMulRunner:
     """One weight set as a single-node ort_mtp model, on the device under test and on the CPU EP."""
 
-    def __init__(self, device: Device, w: nbits.NBitsWeights, graph: bool = False):
+    def __init__(self, device: Device, w: nbits.NBitsWeights, graph: bool = False, with_cpu: bool = True):
         self.device, self.w = device, w
         model = nbits.single_node_model(w, domain="ort_mtp", a_shape=("M", None))
         self.session = device.session(model, graph=graph)
-        self.cpu_session = device.session(model, cpu=True) if not graph else None
+        self.cpu_session = device.session(model, cpu=True) if with_cpu and not graph else None
 
     def run(self, a: np.ndarray, cpu: bool = False, graph_id: int | None = None):
         """Y for A (float32 values representable in w.dtype) as a poisoned-then-written tensor."""
@@ -156,28 +185,89 @@ def random_cases(rng, count: int) -> list:
     return cases
 
 
-SMALL = 2_000_000  # --small: at most this many weights per case (for compute-sanitizer runs)
+def case_label(dtype, K, N, bits, block, zp, bias) -> str:
+    return f"{dtype} K={K} N={N} bits={bits} block={block} zp={zp or 'none'}{' bias' if bias else ''}"
 
 
-def check_matmul(device: Device, rng, n_random: int, small: bool = False) -> list[dict]:
-    results = []
+def check_matmul(ctx: "Context", n_random: int):
+    """Full random cases: CUDA vs float64 reference and vs our CPU op. Yields one record per (case, M)."""
+    rng = ctx.rng
     for dtype, K, N, bits, block, zp, bias in COVERAGE + random_cases(rng, n_random):
-        if small and K * N > SMALL:
-            continue
         w = nbits.random_weights(rng, K, N, bits=bits, block_size=block, dtype=dtype, zero_points=zp, bias=bias)
-        runner = MatMulRunner(device, w)
-        ms = sorted({1, 16, int(rng.integers(2, 16)), int(rng.choice([17, 33] if small else [17, 33, 100, 517]))})
+        runner = MatMulRunner(ctx.device, w)
+        big = [17, 33, 100, 517] if K * N <= 1_000_000 else [17, 33, 100]
+        ms = sorted({1, 16, int(rng.integers(2, 16)), int(rng.choice(big))})
         for M in ms:
             a = random_a(rng, M, K, dtype)
-            y = device.numpy(runner.run(a))
-            y_cpu = device.numpy(runner.run(a, cpu=True))
+            y = ctx.device.numpy(runner.run(a))
+            y_cpu = ctx.device.numpy(runner.run(a, cpu=True))
             r = compare(y, a, w)
             r_cpu = compare(y_cpu, a, w)
             diff_ulps = float(np.max(np.abs(y - y_cpu) / ulp(y_cpu, dtype))) if y.size else 0.0
-            results.append(dict(dtype=dtype, K=K, N=N, bits=bits, block=block, zero_points=zp, bias=bias, M=M,
-                                path=expected_path(dtype, bits, block, zp, K, N), cuda=r, cpu_op=r_cpu,
-                                max_diff_vs_cpu_op_ulps=diff_ulps, ok=r["ok"] and r_cpu["ok"]))
-    return results
+            ok = r["ok"] and r_cpu["ok"]
+            problem = None if ok else (
+                f"M={M}: CUDA error/tolerance {r['max_err_over_tol']:.3g}, unwritten {r['unwritten']}; "
+                f"CPU op error/tolerance {r_cpu['max_err_over_tol']:.3g}")
+            yield dict(case=case_label(dtype, K, N, bits, block, zp, bias), M=M, path=ctx.path(dtype, bits, block, zp, K, N),
+                       cuda=r, cpu_op=r_cpu, max_diff_vs_cpu_op_ulps=diff_ulps, ok=ok, problem=problem)
+
+
+# Smoke cases: tiny, one per kernel template. Shapes chosen with expected_path: K = 2 chunks gives one
+# K-slice; K = 8..32 chunks with few row tiles gives a cluster of 4 or 8.
+SMOKE_MS = [1, 2, 3, 6, 9, 17]  # 8-token and 16-token templates, two token groups at 17; simt's 1/2/4/8
+SMOKE_CASES = {  # dtype, K, N, bits, block, zero points, bias
+    "generic": [("float32", 512, 100, 4, 32, "packed", True), ("float16", 512, 99, 8, 32, "packed", False),
+                ("bfloat16", 256, 50, 4, 64, "typed", True), ("float16", 1000, 130, 4, 16, None, False),
+                ("bfloat16", 96, 31, 4, 32, None, False), ("float32", 333, 17, 8, 128, "typed", True)],
+    "mma": [("float16", 512, 200, 4, 32, None, True), ("float16", 512, 200, 4, 32, "packed", False),
+            ("bfloat16", 512, 200, 4, 32, None, False), ("bfloat16", 512, 200, 4, 32, "packed", True),
+            ("float16", 512, 130, 4, 64, "packed", False), ("bfloat16", 512, 130, 4, 64, None, True),
+            ("float16", 512, 77, 4, 128, None, False), ("bfloat16", 512, 77, 4, 128, "packed", False),
+            ("float16", 1024, 129, 4, 256, "packed", True), ("bfloat16", 1024, 129, 4, 256, None, False),
+            ("float16", 384, 150, 4, 32, None, False), ("bfloat16", 384, 150, 4, 64, "packed", True)],  # kc 128
+    "mma-cluster": [("float16", 2048, 130, 4, 32, None, False),        # splits 4
+                    ("bfloat16", 8192, 128, 4, 32, "packed", True),   # splits 8
+                    ("float16", 4096, 300, 4, 128, "packed", False),  # splits 8
+                    ("bfloat16", 4096, 200, 4, 256, None, True),      # splits 4
+                    ("float16", 1280, 64, 4, 64, "packed", False)],   # kc 256, 5 chunks: uneven slices
+    "tm2": [("float16", 512, 200, 4, 32, "packed", True), ("bfloat16", 512, 77, 4, 128, None, False),
+            ("float16", 2048, 130, 4, 32, None, False), ("bfloat16", 4096, 200, 4, 256, "packed", True)],
+    "kc128": [("float16", 256, 200, 4, 32, None, True), ("bfloat16", 256, 150, 4, 64, "packed", False),
+              ("float16", 2048, 130, 4, 32, "packed", False), ("bfloat16", 1024, 100, 4, 64, None, True)],
+    "pdl": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 2048, 130, 4, 32, "packed", False)],
+    "simt": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 512, 130, 4, 32, "packed", False),
+             ("float16", 1024, 77, 4, 128, "packed", False), ("bfloat16", 1024, 64, 4, 256, None, True),
+             ("float16", 96, 5, 4, 64, None, False),            # K % 64 != 0: the last block is partial
+             ("float32", 256, 40, 4, 32, None, False)],         # not taken by simt: the general kernel
+}
+
+
+def check_smoke(ctx: "Context", cases: list):
+    """Per case: M = SMOKE_MS on the same rows; M=17 against the float64 reference, every row of
+    every M bit-identical to the same row at M=17. One record per case."""
+    rng = ctx.rng
+    for dtype, K, N, bits, block, zp, bias in cases:
+        w = nbits.random_weights(rng, K, N, bits=bits, block_size=block, dtype=dtype, zero_points=zp, bias=bias)
+        runner = MatMulRunner(ctx.device, w, with_cpu=False)
+        a = random_a(rng, max(SMOKE_MS), K, dtype)
+        y_full = runner.run(a)
+        r = compare(ctx.device.numpy(y_full), a, w)
+        full_bits = ctx.device.bits(y_full)
+        mismatches = []
+        for M in SMOKE_MS[:-1]:
+            y = ctx.device.bits(runner.run(np.ascontiguousarray(a[:M])))
+            rows = [i for i in range(M) if not np.array_equal(y[i], full_bits[i])]
+            if rows:
+                mismatches.append({"M": M, "rows": rows[:8]})
+        ok = r["ok"] and not mismatches
+        problem = None
+        if not r["ok"]:
+            problem = f"M={max(SMOKE_MS)}: error/tolerance {r['max_err_over_tol']:.3g}, unwritten {r['unwritten']}"
+        elif mismatches:
+            problem = f"rows differ from the M={max(SMOKE_MS)} call: {mismatches[:3]}"
+        yield dict(case=case_label(dtype, K, N, bits, block, zp, bias), Ms=SMOKE_MS,
+                   path=ctx.path(dtype, bits, block, zp, K, N), accuracy=r, mismatches=mismatches, ok=ok,
+                   problem=problem)
 
 
 DECODE = [  # dtype, K, N, bits, block, zero points, bias
@@ -193,31 +283,31 @@ DECODE = [  # dtype, K, N, bits, block, zero points, bias
 DECODE_MS = list(range(1, 17)) + [17, 24, 33, 40]
 
 
-def check_decode_consistency(device: Device, rng, small: bool = False) -> list[dict]:
-    results = []
-    ms_list = [1, 5, 16, 17] if small else DECODE_MS
+def check_decode_consistency(ctx: "Context"):
+    """Row i of every M-row call bit-identical to the M=1 call on row i. One record per case."""
+    rng, device = ctx.rng, ctx.device
     for dtype, K, N, bits, block, zp, bias in DECODE:
-        if small and K * N > SMALL:
-            continue
         w = nbits.random_weights(rng, K, N, bits=bits, block_size=block, dtype=dtype, zero_points=zp, bias=bias)
-        runner = MatMulRunner(device, w)
-        a = random_a(rng, max(ms_list), K, dtype)
+        runner = MatMulRunner(device, w, with_cpu=False)
+        a = random_a(rng, max(DECODE_MS), K, dtype)
         single = [device.bits(runner.run(np.ascontiguousarray(a[i:i + 1])))[0] for i in range(a.shape[0])]
         bad = []
-        for M in ms_list:
+        for M in DECODE_MS:
             y = device.bits(runner.run(np.ascontiguousarray(a[:M])))
             rows = [i for i in range(M) if not np.array_equal(y[i], single[i])]
             if rows:
                 bad.append({"M": M, "rows": rows[:8], "count": len(rows)})
         full = compare(device.numpy(runner.run(np.ascontiguousarray(a))), a, w)
-        results.append(dict(dtype=dtype, K=K, N=N, bits=bits, block=block, zero_points=zp, bias=bias,
-                            path=expected_path(dtype, bits, block, zp, K, N), Ms=ms_list, mismatches=bad,
-                            accuracy_at_max_M=full, ok=not bad and full["ok"]))
-    return results
+        ok = not bad and full["ok"]
+        problem = None if ok else (f"rows differ from the M=1 call: {bad[:3]}" if bad else
+                                   f"M={max(DECODE_MS)}: error/tolerance {full['max_err_over_tol']:.3g}")
+        yield dict(case=case_label(dtype, K, N, bits, block, zp, bias), path=ctx.path(dtype, bits, block, zp, K, N),
+                   Ms=DECODE_MS, mismatches=bad, accuracy_at_max_M=full, ok=ok, problem=problem)
 
 
-def check_graph(device: Device, rng) -> list[dict]:
+def check_graph(ctx: "Context") -> list[dict]:
     """CUDA graph capture/replay of the op, one graph per M, fresh data written into bound buffers."""
+    device, rng = ctx.device, ctx.rng
     results = []
     for dtype, K, N, block, zp in [("float16", 1024, 512, 32, None), ("bfloat16", 2048, 700, 64, "packed"),
                                    ("float32", 512, 64, 32, None)]:
@@ -255,6 +345,10 @@ def check_graph(device: Device, rng) -> list[dict]:
         same = bool(np.array_equal(dev.bits(y1)[0], dev.bits(y5)[0]))
         record["row0_M5_equals_M1_bitwise"] = same
         record["ok"] = bool(ok and same)
+        record["case"] = case_label(dtype, K, N, 4, block, zp, True)
+        if not record["ok"]:
+            bad = [f"M={x['M']} {x['step']}" for x in record["steps"] if not x["ok"]]
+            record["problem"] = f"failed steps {bad[:4]}" if bad else "row 0 of the M=5 graph differs from the M=1 graph"
         results.append(record)
     return results
 
@@ -312,11 +406,12 @@ def run_copy(device: Device, session, slots, pairs, outs) -> None:
     device.synchronize()
 
 
-def check_copy_slots(device: Device, rng) -> list[dict]:
+def check_copy_slots(ctx: "Context") -> list[dict]:
+    device, rng = ctx.device, ctx.rng
     results = []
 
     def record(name, ok, **extra):
-        results.append({"case": name, "ok": bool(ok), **extra})
+        results.append({"case": name, "ok": bool(ok), "problem": None if ok else "output differs from numpy", **extra})
 
     # 1. Promote in place: src = dst = out, slot a -> slot W-1, every dtype in one launch.
     specs = [(dt, shape, shape) for dt, shape in MIXED]
@@ -400,27 +495,226 @@ def check_copy_slots(device: Device, rng) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------
 
+@dataclass
+class Group:
+    name: str
+    what: str
+    smoke: bool                      # part of --smoke
+    env: dict = field(default_factory=dict)
+
+
+GROUPS = [
+    Group("smoke-mma", "tensor-core kernel, one K-slice: fp16/bf16 x block 32/64/128/256 x zero points "
+          "none/packed x 8/16 tokens, KC 256 and 128", True),
+    Group("smoke-mma-cluster", "tensor-core kernel split over K in thread-block clusters of 2, 4 and 8", True),
+    Group("smoke-simt", "CUDA-core fallback kernel (ORT_MTP_GEMV_VARIANT=simt), 1/2/4/8-token templates", True,
+          {"ORT_MTP_GEMV_VARIANT": "simt"}),
+    Group("smoke-generic", "general kernel: fp32, 8 bits, typed zero points, block 16, K % block != 0", True),
+    Group("smoke-tm2", "tensor-core kernel, 4 warps of 32 rows (ORT_MTP_GEMV_VARIANT=tm2)", True,
+          {"ORT_MTP_GEMV_VARIANT": "tm2"}),
+    Group("smoke-kc128", "tensor-core kernel with 128-k chunks (ORT_MTP_GEMV_KC=128)", True, {"ORT_MTP_GEMV_KC": "128"}),
+    Group("smoke-pdl", "tensor-core kernel launched with programmatic dependent launch (ORT_MTP_GEMV_PDL=1)", True,
+          {"ORT_MTP_GEMV_PDL": "1"}),
+    Group("copy_slots", "CopySlots: promote in place, slot and whole copies, 150 tensors, CUDA graph", True),
+    Group("matmul", "fixed coverage list + random cases vs the float64 reference and our CPU op", False),
+    Group("decode", "rows bit-identical across M = 1..16, 17, 24, 33, 40 (default kernels)", False),
+    Group("decode-simt", "rows bit-identical across M on the simt kernel", False, {"ORT_MTP_GEMV_VARIANT": "simt"}),
+    Group("graph", "capture and replay under ORT's CUDA graph, new data into bound buffers", False),
+    Group("graph-pdl", "the same with PDL launches inside the graph", False, {"ORT_MTP_GEMV_PDL": "1"}),
+]
+GROUP_BY_NAME = {g.name: g for g in GROUPS}
+ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GEMV_KC")
+SANITIZER_EXIT = 86  # compute-sanitizer --error-exitcode: the tool found an error
+# Errors after which the CUDA context is unusable: every later call in the process fails the same way.
+STICKY = re.compile(r"CUDA failure|CUDA error|illegal|cudaError|launch failure|unspecified", re.IGNORECASE)
+
+
+class Context:
+    """What a group's checks need: the device, a seeded generator, the kernel variant for labels."""
+
+    def __init__(self, device: Device, seed: int, env: dict):
+        self.device = device
+        self.rng = np.random.default_rng(seed)
+        self.variant = env.get("ORT_MTP_GEMV_VARIANT", "tm1")
+        self.kc = int(env.get("ORT_MTP_GEMV_KC", "256"))
+        self.pdl = env.get("ORT_MTP_GEMV_PDL") == "1"
+
+    def path(self, dtype, bits, block, zp, K, N) -> str:
+        path = expected_path(dtype, bits, block, zp, K, N, self.variant, self.kc)
+        return path + ("+pdl" if self.pdl and path.startswith("mma") else "")
+
+
+def group_records(name: str, ctx: Context, args):
+    """The group's checks as an iterable of records."""
+    if name.startswith("smoke-"):
+        return check_smoke(ctx, SMOKE_CASES[name[len("smoke-"):]])
+    if name == "matmul":
+        return check_matmul(ctx, args.random_cases)
+    if name in ("decode", "decode-simt"):
+        return check_decode_consistency(ctx)
+    if name in ("graph", "graph-pdl"):
+        return check_graph(ctx)
+    if name == "copy_slots":
+        return check_copy_slots(ctx)
+    raise BenchError(f"unknown group {name!r}")
+
+
+def run_worker(args) -> int:
+    """One group in this process; the result JSON is rewritten after every record, so a crash keeps
+    what ran before it."""
+    group = GROUP_BY_NAME[args.worker]
+    out = Path(args.result)
+    report = {"group": group.name, "env": {k: os.environ[k] for k in ENV_KEYS if os.environ.get(k)},
+              "records": [], "started": time.time()}
+
+    def save():
+        report["seconds"] = round(time.time() - report["started"], 1)
+        out.write_text(json.dumps(report, indent=1, default=str))
+
+    save()
+    device = Device(cpu=args.cpu_dry_run)
+    report["info"] = device_info(device)
+    ctx = Context(device, args.seed, report["env"])
+    save()
+    try:
+        for record in group_records(group.name, ctx, args):
+            report["records"].append(record)
+            save()
+    except Exception as e:  # noqa: BLE001  (recorded, with its traceback, as the group's failure)
+        message = f"{type(e).__name__}: {e}"
+        report["records"].append({"case": "(exception)", "ok": False, "problem": message[:2000],
+                                  "traceback": traceback.format_exc()[-3000:]})
+        report["aborted"] = True  # the group's remaining cases did not run
+        report["sticky_cuda_error"] = bool(STICKY.search(message))
+    save()
+    return 0
+
+
+def sanitizer_command(tool: str, explicit: str | None) -> list[str]:
+    exe = explicit or shutil.which("compute-sanitizer")
+    if not exe:
+        cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+        candidate = Path(cuda_home) / "bin" / "compute-sanitizer"
+        exe = str(candidate) if candidate.is_file() else None
+    if not exe:
+        raise BenchError("compute-sanitizer not found: put it on PATH, set CUDA_HOME or pass --sanitizer-path")
+    # API errors are not reported: ONNX Runtime and cuDNN make calls that fail by design (probing), and
+    # only our kernels are under test here.
+    return [exe, "--tool", tool, "--error-exitcode", str(SANITIZER_EXIT), "--print-limit", "20",
+            "--report-api-errors", "no"]
+
+
+SANITIZER_LINE = re.compile(r"^=+ (?!ERROR SUMMARY|COMPUTE-SANITIZER|Program hit|\s*Saved host backtrace|\s+at |\s+Host Frame)(.+)")
+
+
+def first_sanitizer_error(log: str) -> str | None:
+    """The first report of compute-sanitizer in a log (with the next two lines: kernel and place)."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        m = SANITIZER_LINE.match(line)
+        if m and re.search(r"Invalid|Error|error|Race|Hazard|hazard|Illegal|Misaligned|Out of bounds|Barrier",
+                           m.group(1)):
+            extra = [re.sub(r"^=+\s*", "", x).strip() for x in lines[i + 1:i + 3] if x.startswith("=")]
+            return " | ".join([m.group(1).strip()] + [x for x in extra if x])[:600]
+    return None
+
+
+def sanitizer_error_count(log: str) -> int | None:
+    """Errors compute-sanitizer reported (racecheck counts its hazards apart from the error summary)."""
+    counts = [int(n) for n in re.findall(r"ERROR SUMMARY: (\d+) error", log)]
+    counts += [int(n) for n in re.findall(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error", log)]
+    return sum(counts) if counts else None
+
+
+_running: subprocess.Popen | None = None  # the worker now running, killed with its process group on SIGTERM
+
+
+def _kill_running(signum, frame):  # noqa: ARG001
+    if _running is not None and _running.poll() is None:
+        os.killpg(_running.pid, signal.SIGKILL)
+    sys.exit(128 + signum)
+
+
+def run_in_own_group(cmd: list[str], env: dict, timeout: int) -> tuple[int | None, str]:
+    """Runs cmd in a new process group (compute-sanitizer starts the worker as its own child: killing
+    the group leaves nothing behind on the GPU). Returns (exit status or None on timeout, output)."""
+    global _running
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True) as proc:
+        _running = proc
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            return proc.returncode, out
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            return None, out
+        finally:
+            _running = None
+
+
+def run_group(group: Group, args, logs: Path, scratch: Path) -> dict:
+    result_path = scratch / f"{group.name}.json"
+    result_path.unlink(missing_ok=True)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", group.name, "--result", str(result_path),
+           "--seed", str(args.seed), "--random-cases", str(args.random_cases)]
+    if args.cpu_dry_run:
+        cmd.append("--cpu-dry-run")
+    if args.sanitizer:
+        cmd = sanitizer_command(args.sanitizer, args.sanitizer_path) + cmd
+    env = {k: v for k, v in os.environ.items() if k not in ENV_KEYS}
+    env.update(group.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    if args.sanitizer:  # torch buffers (A, Y) from cudaMalloc one by one, so memcheck sees their exact ends
+        env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    started = time.time()
+    rc, log = run_in_own_group(cmd, env, args.group_timeout)
+    seconds = round(time.time() - started, 1)
+    (logs / f"{group.name}.log").write_text(log)
+    worker = json.loads(result_path.read_text()) if result_path.exists() else {}
+    records = worker.get("records", [])
+    failed = [r for r in records if not r.get("ok")]
+    first_error = failed[0].get("problem") if failed else None
+    if first_error and failed[0].get("case"):
+        first_error = f"{failed[0]['case']}: {first_error}"
+    res = {"group": group.name, "what": group.what, "env": group.env, "returncode": rc, "seconds": seconds,
+           "cases": len(records), "failed": len(failed), "first_error": first_error, "records": records,
+           "info": worker.get("info")}
+    if rc is None:
+        res["first_error"] = res["first_error"] or f"timed out after {args.group_timeout}s"
+        res["timed_out"] = True
+    if args.sanitizer:
+        res["sanitizer_errors"] = sanitizer_error_count(log)
+        found = first_sanitizer_error(log)
+        if rc == SANITIZER_EXIT or (res["sanitizer_errors"] or 0) > 0:
+            res["sanitizer_first_error"] = found
+            res["first_error"] = res["first_error"] or f"{args.sanitizer}: {found}"
+    if not records and not res["first_error"]:
+        tail = [x for x in log.strip().splitlines() if x.strip()][-3:]
+        res["first_error"] = f"worker ended (rc {rc}) without a result: {' | '.join(tail)[-500:]}"
+    sanitizer_bad = bool(args.sanitizer and (rc == SANITIZER_EXIT or (res.get("sanitizer_errors") or 0) > 0))
+    res["ok"] = bool(records) and not failed and rc == 0 and not sanitizer_bad
+    if not res["ok"] and not res["first_error"]:
+        res["first_error"] = f"worker exit status {rc}"
+    return res
+
+
 def summary_table(report: dict) -> str:
-    lines = ["check                              cases  failed"]
-
-    def row(name, items):
-        failed = sum(1 for r in items if not r["ok"])
-        lines.append(f"{name:<34} {len(items):>5}  {failed:>6}")
-
-    row("MatMulNBits vs reference/CPU op", report["matmul"])
-    for path in sorted({r["path"].split("(")[0] for r in report["matmul"]}):
-        row(f"  path {path}", [r for r in report["matmul"] if r["path"].startswith(path)])
-    row("MatMulNBits rows bit-identical in M", report["decode"])
-    row("MatMulNBits under CUDA graph", report["graph"])
-    row("CopySlots", report["copy_slots"])
-    worst = max((r.get("cuda", {}).get("max_err_over_tol", 0.0) for r in report["matmul"]), default=0.0)
-    lines.append(f"worst MatMulNBits error / tolerance: {worst:.3f}")
-    for section in ("matmul", "decode", "graph", "copy_slots"):
-        for r in report[section]:
-            if not r["ok"]:
-                lines.append(f"FAILED {section}: " + json.dumps({k: v for k, v in r.items() if k != 'steps'})[:300])
+    lines = [f"{'group':<20}{'cases':>6}{'failed':>8}{'sec':>7}  result / first error"]
+    for g in report["groups"]:
+        verdict = "PASS" if g["ok"] else "FAIL " + (g.get("first_error") or "")[:240]
+        lines.append(f"{g['group']:<20}{g['cases']:>6}{g['failed']:>8}{g['seconds']:>7.0f}  {verdict}")
+    worst = max((r.get("cuda", r.get("accuracy", {})).get("max_err_over_tol", 0.0)
+                 for g in report["groups"] for r in g["records"] if isinstance(r.get("cuda", r.get("accuracy")), dict)),
+                default=0.0)
+    lines.append(f"worst MatMulNBits error / tolerance over all groups: {worst:.3f}")
     lines.append("ALL PASSED" if report["passed"] else "SOME CHECKS FAILED")
     return "\n".join(lines)
+
+
+def list_groups() -> str:
+    return "\n".join(f"{g.name:<20}{'smoke' if g.smoke else 'full ':<7}{g.what}"
+                     + (f"  [{' '.join(f'{k}={v}' for k, v in g.env.items())}]" if g.env else "") for g in GROUPS)
 
 
 def main(argv=None) -> int:
@@ -428,33 +722,67 @@ def main(argv=None) -> int:
     parser.add_argument("--cpu-dry-run", action="store_true", help="run the checks on the CPU EP (no GPU)")
     parser.add_argument("--out", help="result folder (default: $OUT, else bench/results)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: from the clock)")
-    parser.add_argument("--random-cases", type=int, default=40, help="random MatMulNBits cases besides the fixed ones")
-    parser.add_argument("--small", action="store_true",
-                        help="only cases of <= 2M weights and fewer M (for runs under compute-sanitizer)")
+    parser.add_argument("--random-cases", type=int, default=24, help="random cases of the 'matmul' group")
+    parser.add_argument("--smoke", action="store_true", help="only the smoke groups (one tiny case per kernel path)")
+    parser.add_argument("--groups", help="comma list of groups to run (see --list)")
+    parser.add_argument("--list", action="store_true", help="list the groups and exit")
+    parser.add_argument("--sanitizer", choices=["memcheck", "racecheck", "synccheck", "initcheck"],
+                        help="run each group's worker under compute-sanitizer with this tool")
+    parser.add_argument("--sanitizer-path", help="compute-sanitizer executable (default: PATH, then $CUDA_HOME/bin)")
+    parser.add_argument("--group-timeout", type=int, default=300, help="seconds one group may take")
+    parser.add_argument("--scratch", default="/tmp/ort_mtp_check", help="where workers write their results")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--small", action="store_true", help=argparse.SUPPRESS)  # old name of --smoke
     args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else int(time.time()) % 100000
     try:
-        device = Device(cpu=args.cpu_dry_run)
-        rng = np.random.default_rng(seed)
-        report = {"seed": seed, "info": device_info(device)}
+        if args.list:
+            print(list_groups())
+            return 0
+        if args.seed is None:
+            args.seed = int(time.time()) % 100000
+        if args.worker:
+            if args.worker not in GROUP_BY_NAME:
+                raise BenchError(f"unknown group {args.worker!r}")
+            return run_worker(args)
+        if args.random_cases < 0 or args.group_timeout <= 0:
+            raise BenchError("--random-cases must be >= 0 and --group-timeout > 0")
+        smoke = args.smoke or args.small
+        if args.groups:
+            names = [n.strip() for n in args.groups.split(",") if n.strip()]
+            unknown = [n for n in names if n not in GROUP_BY_NAME]
+            if unknown:
+                raise BenchError(f"unknown groups {unknown}; --list shows them")
+            chosen = [GROUP_BY_NAME[n] for n in names]
+        else:
+            chosen = [g for g in GROUPS if g.smoke or not smoke]
+        if args.sanitizer and args.cpu_dry_run:
+            raise BenchError("--sanitizer needs the GPU: drop --cpu-dry-run")
+        if args.sanitizer:
+            sanitizer_command(args.sanitizer, args.sanitizer_path)  # fail early when it is missing
+        name = "check_cuda_ops" + ("_smoke" if smoke else "") + \
+            (f"_{args.sanitizer}" if args.sanitizer else "")
+        out = out_dir(args.out)
+        logs = out / f"{name}_logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        scratch = Path(args.scratch) / name
+        scratch.mkdir(parents=True, exist_ok=True)
+        signal.signal(signal.SIGTERM, _kill_running)
         started = time.time()
-        sections = [("matmul", lambda: check_matmul(device, rng, args.random_cases, args.small)),
-                    ("decode", lambda: check_decode_consistency(device, rng, args.small)),
-                    ("graph", lambda: check_graph(device, rng)),
-                    ("copy_slots", lambda: check_copy_slots(device, rng))]
-        for name, fn in sections:
-            try:
-                report[name] = fn()
-            except Exception as e:  # keep the other sections' results; the failure is recorded
-                report[name] = [{"ok": False, "path": "error", "error": f"{type(e).__name__}: {e}",
-                                 "traceback": traceback.format_exc()[-2000:]}]
-            print(f"{name}: {len(report[name])} checks, {sum(not r['ok'] for r in report[name])} failed, "
-                  f"{time.time() - started:.0f}s", flush=True)
-        report["passed"] = all(r["ok"] for s in ("matmul", "decode", "graph", "copy_slots") for r in report[s])
+        report = {"seed": args.seed, "sanitizer": args.sanitizer, "groups": []}
+        print(f"check_cuda_ops: {len(chosen)} groups, seed {args.seed}"
+              + (f", under compute-sanitizer --tool {args.sanitizer}" if args.sanitizer else ""), flush=True)
+        for group in chosen:
+            res = run_group(group, args, logs, scratch)
+            report["groups"].append(res)
+            report.setdefault("info", res.get("info"))
+            print(f"{'PASS' if res['ok'] else 'FAIL'} {group.name}: {res['cases']} cases, {res['failed']} failed, "
+                  f"{res['seconds']:.0f}s" + ("" if res["ok"] else f"; first error: {res['first_error']}"), flush=True)
+        report["passed"] = all(g["ok"] for g in report["groups"])
         report["seconds"] = round(time.time() - started, 1)
-        path = out_dir(args.out) / "check_cuda_ops.json"
+        path = out / f"{name}.json"
         path.write_text(json.dumps(report, indent=1, default=str))
-        print(f"wrote {path}")
+        print(f"wrote {path} (logs in {logs})")
         print(summary_table(report))
         return 0 if report["passed"] else 1
     except BenchError as e:

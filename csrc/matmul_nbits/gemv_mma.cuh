@@ -46,6 +46,7 @@ struct MmaParams {
   int zp_row_bytes;
   int kchunks;  // K / kKC
   int splits;   // K-slices per row tile (= cluster size)
+  int pdl;      // 1: launched with programmatic stream serialization (griddepcontrol runs)
 };
 
 template <int kBS, int kKC, int kNT, int kTM>
@@ -169,7 +170,6 @@ __global__ void __launch_bounds__(MmaConfig<kBS, kKC, kNT, kTM>::kThreads, 2)
     a_src[j] = static_cast<const uint8_t*>(p.a) +
                2 * (static_cast<int64_t>(ok ? tok0 + tok : 0) * p.K + static_cast<int64_t>(c_begin) * kKC + 8 * a_unit);
   }
-  const uint64_t policy = EvictFirstPolicy();
 
   // Next chunk's weights and scales into pipeline buffer `buf`. Rows past N zero-fill (src-size 0,
   // from a valid address).
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(MmaConfig<kBS, kKC, kNT, kTM>::kThreads, 2)
       const bool ok = (w_valid >> ps) & 1u;
 #pragma unroll
       for (int j = 0; j < kUnitsPerThread; ++j)
-        CpAsync16EvictFirst(base + w_dst[j] + ps * kRowsPerPass * Cfg::kRowBytes, w_src[ps] + 32 * j, ok, policy);
+        CpAsync16(base + w_dst[j] + ps * kRowsPerPass * Cfg::kRowBytes, w_src[ps] + 32 * j, ok);
       w_src[ps] += Cfg::kRowBytes;
     }
     if (s_copies) CpAsyncSmall<Cfg::kScaleBytes>(base + s_dst, s_src, s_valid);
@@ -255,8 +255,10 @@ __global__ void __launch_bounds__(MmaConfig<kBS, kKC, kNT, kTM>::kThreads, 2)
     CpAsyncCommit();
   }
   if (kZp) load_zero_points(0, z_cur);
-  GridDependencyWait();
-  GridDependencyTrigger();
+  if (p.pdl) {  // only in a launch that opted in (uniform branch): the plain launch runs no griddepcontrol
+    GridDependencyWait();
+    GridDependencyTrigger();
+  }
 #pragma unroll
   for (int s = 0; s < Cfg::kStages - 1; ++s) {
     if (s < nchunks) issue_activations(s);

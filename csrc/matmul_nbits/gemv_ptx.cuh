@@ -1,7 +1,7 @@
 // Small device helpers shared by the MatMulNBits CUDA kernels: asynchronous copies into shared memory,
 // ldmatrix, tensor-core mma, and the int4 -> fp16/bf16 conversion. Each is one or two PTX instructions;
 // they are written out because the compiler does not form them from plain C++ (cp.async with
-// zero-fill and an L2 hint, lop3 with a chosen truth table, prmt byte shuffles).
+// zero-fill, lop3 with a chosen truth table, prmt byte shuffles).
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,26 +15,19 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// L2 policy for weights: every weight byte is read exactly once per call, so mark it first to be
-// evicted and leave the L2 to the activations, scales and whatever the next kernel reuses.
-__device__ __forceinline__ uint64_t EvictFirstPolicy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
 // 16-byte global -> shared copy that bypasses L1 (.cg). With valid == false nothing is read and the
 // 16 destination bytes are zero-filled, which is how rows past N and tokens past M are padded.
+//
+// No L2 cache hint (.L2::cache_hint with a createpolicy evict_first policy), although weights are read
+// once: ptxas 13.0 for sm_90 mis-encodes that form. In the sm_90 code the LDGSTS names uniform
+// registers as its memory descriptor (UR0/UR1 in cuobjdump's listing) that nothing in the kernel
+// writes, while the policy it built sits in other registers (the sm_80 code of the same source names
+// the right ones). Every call of the tensor-core kernel died with error 715, "an illegal instruction was
+// encountered" (device run 1). The same ptxas bug is reported for Marlin (IST-DASLab/marlin#44, CUDA
+// 13.1). bench/sass_lint.py checks built code for descriptors that nothing writes.
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-
-__device__ __forceinline__ void CpAsync16EvictFirst(uint32_t dst, const void* src, bool valid, uint64_t policy) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes), "l"(policy)
-               : "memory");
 }
 
 // 4-, 8- or 16-byte copy (the scales of one row and stage). cp.async.cg only takes 16 bytes.

@@ -2,6 +2,8 @@
 //
 //   gemv_mma.cuh      tensor-core kernel, the fast path: fp16/bf16, 4 bits, block 32..256, no or packed
 //                     zero points, K a multiple of the chunk (128..512), 16-byte aligned A and B.
+//   gemv_simt.cuh     CUDA-core kernel, the fallback fast path (ORT_MTP_GEMV_VARIANT=simt): fp16/bf16,
+//                     4 bits, block 32..256, no or packed zero points, K a multiple of 32, aligned A, B.
 //   gemv_generic.cuh  every other problem the op accepts (fp32, 8 bits, block 16, typed zero points,
 //                     K not a multiple of the block, odd alignment).
 //
@@ -10,9 +12,10 @@
 // host synchronisation: launches only, capturable in a CUDA graph.
 //
 // Knobs, read once per process (for benchmarking the variants in one device run):
-//   ORT_MTP_GEMV_VARIANT = tm1 (default) | tm2 | generic
+//   ORT_MTP_GEMV_VARIANT = tm1 (default) | tm2 | simt | generic
 //       tm1: 8 warps of 16 rows; tm2: 4 warps of 32 rows (fewer activation-fragment loads per weight
-//       byte); generic: the general kernel for everything (a baseline).
+//       byte); simt: the CUDA-core kernel instead of the tensor-core one; generic: the general kernel
+//       for everything (a baseline).
 //   ORT_MTP_GEMV_PDL = 0 (default) | 1
 //       1: launch with programmatic stream serialization, so a kernel's weight prefetch overlaps the
 //       previous kernel's tail (only when B, scales and zero points are session constants).
@@ -21,18 +24,20 @@
 //       256: 128-byte row segments, 4 stages).
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 
 #include "matmul_nbits/gemv_generic.cuh"
 #include "matmul_nbits/gemv_mma.cuh"
+#include "matmul_nbits/gemv_simt.cuh"
 #include "matmul_nbits/matmul_nbits.h"
 
 namespace ort_mtp {
 namespace {
 
-enum class Variant { kTm1, kTm2, kGeneric };
+enum class Variant { kTm1, kTm2, kSimt, kGeneric };
 
 struct Options {
   Variant variant = Variant::kTm1;
@@ -48,10 +53,12 @@ Options ReadOptions() {
       o.variant = Variant::kTm1;
     } else if (!std::strcmp(v, "tm2")) {
       o.variant = Variant::kTm2;
+    } else if (!std::strcmp(v, "simt")) {
+      o.variant = Variant::kSimt;
     } else if (!std::strcmp(v, "generic")) {
       o.variant = Variant::kGeneric;
     } else {
-      o.error = "environment variable ORT_MTP_GEMV_VARIANT must be tm1, tm2 or generic";
+      o.error = "environment variable ORT_MTP_GEMV_VARIANT must be tm1, tm2, simt or generic";
     }
   }
   if (const char* v = std::getenv("ORT_MTP_GEMV_PDL"); v && *v) {
@@ -77,6 +84,7 @@ const Options& GetOptions() {
 }
 
 struct DeviceInfo {
+  int index = 0;  // CUDA device ordinal
   int sm_count = 0;
   int cc_major = 0;
 };
@@ -101,6 +109,7 @@ const char* CurrentDeviceInfo(DeviceInfo& info) {
     d.cc_major = major;
   }
   info = d;
+  info.index = device;
   return nullptr;
 }
 
@@ -109,6 +118,7 @@ bool Aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_
 // --- tensor-core path -------------------------------------------------------------------------------
 
 struct MmaPlan {
+  int device = 0;  // CUDA device ordinal (< 64, see CurrentDeviceInfo)
   int kc = 0;      // k-values per pipeline stage (chunk)
   int splits = 1;  // K-slices per row tile = cluster size
   int tiles = 0;   // 128-row tiles
@@ -132,6 +142,7 @@ bool PlanMma(const MatMulNBitsProblem& p, const DeviceInfo& dev, int preferred_k
   if (!Aligned(p.a, 16) || !Aligned(p.b, 16) || !Aligned(p.scales, scale_bytes)) return false;
   if (p.K > (1 << 30) || p.N > (1 << 30)) return false;
 
+  plan.device = dev.index;
   plan.kc = kc;
   plan.tiles = static_cast<int>((p.N + 127) / 128);
   const int kchunks = static_cast<int>(p.K / kc);
@@ -150,9 +161,16 @@ template <typename T, int kBS, int kKC, bool kZp, int kNT, int kTM>
 const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, bool pdl, cudaStream_t stream) {
   using Cfg = gemv::MmaConfig<kBS, kKC, kNT, kTM>;
   auto kernel = gemv::GemvMmaKernel<T, kBS, kKC, kZp, kNT, kTM>;
-  // Per call and cheap; not a stream operation, so it is allowed while a graph is being captured.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
-  if (err != cudaSuccess) return cudaGetErrorString(err);
+  // The kernel's shared-memory limit, raised once per device: not on every call, because a call may
+  // come while ORT captures a CUDA graph, and only stream work belongs in a capture.
+  static std::atomic<uint64_t> configured{0};  // bit d: done on device d
+  const uint64_t bit = uint64_t{1} << plan.device;
+  if (!(configured.load(std::memory_order_acquire) & bit)) {
+    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+    configured.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  cudaError_t err = cudaSuccess;
 
   gemv::MmaParams prm{};
   prm.b = p.b;
@@ -165,6 +183,7 @@ const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, bool pdl
   prm.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
   prm.kchunks = static_cast<int>(p.K / kKC);
   prm.splits = plan.splits;
+  prm.pdl = pdl ? 1 : 0;
 
   cudaLaunchAttribute attrs[2];
   int n_attrs = 0;
@@ -231,6 +250,61 @@ const char* DispatchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, Varian
   return "internal error: block size without a tensor-core kernel";
 }
 
+// --- CUDA-core fallback path ------------------------------------------------------------------------
+
+// Whether the CUDA-core kernel takes the problem. M plays no part.
+bool PlanSimt(const MatMulNBitsProblem& p) {
+  if (p.type == ElemType::kFloat32 || p.bits != 4 || p.zp_kind == ZeroPointKind::kTyped) return false;
+  const int bs = p.block_size;
+  if (bs != 32 && bs != 64 && bs != 128 && bs != 256) return false;
+  if (p.K % 32 != 0 || !Aligned(p.a, 16) || !Aligned(p.b, 16)) return false;
+  return p.K <= (1 << 30) && p.N <= (1 << 30);
+}
+
+template <typename T, int kTok>
+const char* LaunchSimt(const MatMulNBitsProblem& p, cudaStream_t stream) {
+  gemv::SimtParams prm{};
+  prm.b = p.b;
+  prm.scales = p.scales;
+  prm.zero_points = p.zp_kind == ZeroPointKind::kPacked ? static_cast<const uint8_t*>(p.zero_points) : nullptr;
+  prm.bias = p.bias;
+  prm.N = static_cast<int>(p.N);
+  prm.K = static_cast<int>(p.K);
+  prm.k_blocks = static_cast<int>(p.k_blocks);
+  prm.row_bytes = p.k_blocks * p.block_bytes;
+  prm.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
+  prm.chunk_shift = p.block_size == 32 ? 0 : p.block_size == 64 ? 1 : p.block_size == 128 ? 2 : 3;
+  auto kernel = gemv::GemvSimtKernel<T, kTok>;
+  constexpr int64_t kMaxGroups = 65535;
+  const int64_t groups = (p.M + kTok - 1) / kTok;
+  for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
+    const int64_t m0 = g0 * kTok;
+    const int64_t rows = std::min<int64_t>(p.M - m0, kMaxGroups * kTok);
+    prm.a = static_cast<const T*>(p.a) + m0 * p.K;
+    prm.y = static_cast<T*>(p.y) + m0 * p.N;
+    prm.M = static_cast<int>(rows);
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>((p.N + gemv::kSimtRows - 1) / gemv::kSimtRows),
+                       static_cast<unsigned>((rows + kTok - 1) / kTok), 1);
+    cfg.blockDim = dim3(32 * gemv::kSimtWarps, 1, 1);
+    cfg.stream = stream;
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  return nullptr;
+}
+
+// Tokens per pass from M: which tokens share a pass, not what any token's result is. At most 8: with
+// 16 the kernel needs 254 registers (2 blocks per SM), and from M = 4 on it is bound by the FMA rate
+// anyway, so a second pass over the weights costs little.
+template <typename T>
+const char* DispatchSimt(const MatMulNBitsProblem& p, cudaStream_t s) {
+  if (p.M <= 1) return LaunchSimt<T, 1>(p, s);
+  if (p.M <= 2) return LaunchSimt<T, 2>(p, s);
+  if (p.M <= 4) return LaunchSimt<T, 4>(p, s);
+  return LaunchSimt<T, 8>(p, s);
+}
+
 // --- general path -----------------------------------------------------------------------------------
 
 template <typename T, int kBits, ZeroPointKind kZk>
@@ -292,8 +366,11 @@ const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream) {
   DeviceInfo dev;
   if (const char* error = CurrentDeviceInfo(dev)) return error;
 
+  if (options.variant == Variant::kSimt && PlanSimt(p)) {
+    return p.type == ElemType::kFloat16 ? DispatchSimt<__half>(p, s) : DispatchSimt<__nv_bfloat16>(p, s);
+  }
   MmaPlan plan;
-  if (options.variant != Variant::kGeneric && PlanMma(p, dev, options.kc, plan)) {
+  if ((options.variant == Variant::kTm1 || options.variant == Variant::kTm2) && PlanMma(p, dev, options.kc, plan)) {
     const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;
     return p.type == ElemType::kFloat16 ? DispatchMma<__half>(p, plan, options.variant, pdl, s)
                                         : DispatchMma<__nv_bfloat16>(p, plan, options.variant, pdl, s);
