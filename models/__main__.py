@@ -1,0 +1,156 @@
+"""Command line: python -m models {build,convert,acceptance,sweep,head-folder,tokenizer} ...
+
+Errors (bad preset, bad folder, bad option) print one line to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .config import PRECISIONS, PRESETS, BuildOptions, ConfigError, Synthesis, preset
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints usage + message; we want one line
+        raise CliError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m models", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    b = sub.add_parser("build", help="write a synthetic model folder")
+    b.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
+    b.add_argument("--out", required=True, help="output folder (new or empty)")
+    b.add_argument("--precision", default="int4", help=f"one of: {', '.join(PRECISIONS)} (default int4)")
+    b.add_argument("--ep", default="cpu", help="cpu or cuda (default cpu)")
+    b.add_argument("--state-window", type=int, default=0, help="W per-token conv/recurrent states (CUDA only)")
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--mtp-noise", type=float, default=Synthesis.mtp_noise,
+                   help="acceptance knob: noise-to-signal of the MTP head's input (0 = most predictive)")
+    b.add_argument("--out-scale", type=float, default=Synthesis.out_scale,
+                   help="std of output projections relative to 1/sqrt(fan_in)")
+    b.add_argument("--threads", type=int, default=None, help="generator threads (default: all cores)")
+    b.add_argument("--overwrite", action="store_true", help="replace a previous build in --out")
+
+    c = sub.add_parser("convert", help="onnxruntime-genai's builder on a Hugging Face checkpoint")
+    c.add_argument("hf_dir")
+    c.add_argument("out")
+    c.add_argument("--precision", default="int4", help="int4, fp16 or fp32 (default int4)")
+    c.add_argument("--ep", default="cuda", help="cpu or cuda (default cuda)")
+    c.add_argument("--state-window", type=int, default=0)
+    c.add_argument("--exclude-mtp", action="store_true")
+    c.add_argument("--cache-dir", default=None, help="builder cache folder (default: a temporary one)")
+
+    a = sub.add_parser("acceptance", help="teacher-forced greedy acceptance of a folder's MTP head (CPU)")
+    a.add_argument("folder")
+    a.add_argument("--prompts", type=int, default=4)
+    a.add_argument("--prompt-length", type=int, default=32)
+    a.add_argument("--new-tokens", type=int, default=64)
+    a.add_argument("--seed", type=int, default=0)
+
+    w = sub.add_parser("sweep", help="acceptance against the knob: builds a preset (CPU) per --mtp-noise value")
+    w.add_argument("--preset", required=True)
+    w.add_argument("--mtp-noise", required=True, help="comma-separated values, e.g. 0,0.1,0.3")
+    w.add_argument("--precision", default="int4")
+    w.add_argument("--out-scale", type=float, default=None)
+    w.add_argument("--prompts", type=int, default=4)
+    w.add_argument("--prompt-length", type=int, default=32)
+    w.add_argument("--new-tokens", type=int, default=64)
+    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--json", default=None, help="also write the full result here")
+
+    h = sub.add_parser("head-folder", help="a standalone folder for the MTP head (og.MtpGenerator's second model)")
+    h.add_argument("folder")
+    h.add_argument("out")
+
+    t = sub.add_parser("tokenizer", help="retrain the base tokenizer on local text")
+    t.add_argument("--out", required=True)
+    return parser
+
+
+def _build(args) -> dict:
+    from .build import build
+
+    options = BuildOptions(
+        precision=args.precision,
+        ep=args.ep,
+        state_window=args.state_window,
+        synthesis=Synthesis(seed=args.seed, mtp_noise=args.mtp_noise, out_scale=args.out_scale),
+    )
+    if args.threads is not None and args.threads < 1:
+        raise CliError(f"--threads must be >= 1, got {args.threads}")
+    return build(preset(args.preset), args.out, options, overwrite=args.overwrite, threads=args.threads).to_json()
+
+
+def _convert(args) -> dict:
+    from .convert import ConvertError, convert
+
+    try:
+        return convert(args.hf_dir, args.out, precision=args.precision, ep=args.ep,
+                       state_window=args.state_window, exclude_mtp=args.exclude_mtp, cache_dir=args.cache_dir)
+    except ConvertError as e:
+        raise CliError(str(e)) from None
+
+
+def _acceptance(args) -> dict:
+    from .acceptance import measure_folder
+
+    return measure_folder(args.folder, prompts=args.prompts, prompt_length=args.prompt_length,
+                          new_tokens=args.new_tokens, seed=args.seed)
+
+
+def _sweep(args) -> dict:
+    from .acceptance import markdown_table, sweep
+
+    try:
+        noises = [float(x) for x in args.mtp_noise.split(",") if x.strip()]
+    except ValueError:
+        raise CliError(f"--mtp-noise must be comma-separated numbers, got {args.mtp_noise!r}") from None
+    if not noises:
+        raise CliError("--mtp-noise needs at least one value")
+    preset(args.preset)  # fail fast on a bad name
+    result = sweep(args.preset, noises, precision=args.precision, out_scale=args.out_scale, prompts=args.prompts,
+                   prompt_length=args.prompt_length, new_tokens=args.new_tokens, seed=args.seed)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    print(markdown_table(result), file=sys.stderr)
+    return result
+
+
+def _head_folder(args) -> dict:
+    from .head_folder import write_head_folder
+
+    return {"out": str(write_head_folder(args.folder, args.out))}
+
+
+def _tokenizer(args) -> dict:
+    from .tokenizer import default_training_files, train_base_tokenizer
+
+    files = default_training_files()
+    tokenizer = train_base_tokenizer(files)
+    tokenizer.save(args.out)
+    return {"out": args.out, "vocab_size": tokenizer.get_vocab_size(), "training_files": len(files)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+        result = {"build": _build, "convert": _convert, "acceptance": _acceptance, "sweep": _sweep,
+                  "head-folder": _head_folder, "tokenizer": _tokenizer}[args.command](args)
+    except (CliError, ConfigError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Our folders against onnxruntime-genai's own builder, and the `convert` wrapper around it.
+
+A random Hugging Face Qwen3.5 checkpoint of the tiny preset's shape (MTP weights included) goes
+through the builder (via models.convert); our build of the same shape must be structurally
+identical: op types and counts, every node's inputs/outputs/attributes, graph I/O names, dtypes
+and shapes, initializer names/dtypes/shapes/data files, value_info, genai_config keys and values -- for each precision/EP/state window.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from models.build import build
+from models.compare import compare_folders
+from models.config import BuildOptions, preset
+from models.convert import ConvertError, convert
+
+pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai's builder is the reference")
+torch = pytest.importorskip("torch", reason="the reference checkpoint is made with torch (CI installs it)")
+pytest.importorskip("transformers", reason="the reference checkpoint is made with transformers (CI installs it)")
+
+TINY = preset("tiny")
+# (fp16 on CPU is deliberately not the builder's graph: see test_models_build.py)
+TARGETS = [("int4", "cpu", 0), ("fp32", "cpu", 0), ("int4", "cuda", 4), ("fp16", "cuda", 0)]
+
+
+@pytest.fixture(scope="module")
+def hf_tiny(tmp_path_factory):
+    from models.hf_checkpoint import make_checkpoint
+
+    return make_checkpoint(TINY, tmp_path_factory.mktemp("hf_tiny"))
+
+
+@pytest.fixture(scope="module")
+def converted(hf_tiny, tmp_path_factory):
+    """The builder's folders, one per target, made once for the module."""
+    made = {}
+    for precision, ep, window in TARGETS:
+        out = tmp_path_factory.mktemp(f"builder_{precision}_{ep}_{window}") / "model"
+        made[precision, ep, window] = (out, convert(hf_tiny, out, precision=precision, ep=ep, state_window=window))
+    return made
+
+
+@pytest.mark.parametrize("precision, ep, window", TARGETS)
+def test_build_is_structurally_identical_to_the_builder(converted, tmp_path, precision, ep, window):
+    theirs, _ = converted[precision, ep, window]
+    ours = tmp_path / "ours"
+    build(TINY, ours, BuildOptions(precision=precision, ep=ep, state_window=window))
+    assert compare_folders(ours, theirs) == []
+
+
+def test_comparison_notices_a_difference(converted, tmp_path):
+    """The comparison is not vacuous: a different state window or precision is reported."""
+    theirs, _ = converted["int4", "cuda", 4]
+    ours = tmp_path / "ours"
+    build(TINY, ours, BuildOptions(precision="int4", ep="cuda", state_window=2))
+    diffs = compare_folders(ours, theirs)
+    assert any("state_window" in d for d in diffs) and any("past.0.conv" in d for d in diffs)
+
+
+def test_convert_cpu_folder_loads_and_generates_in_genai(converted):
+    og = pytest.importorskip("onnxruntime_genai")
+    out, result = converted["int4", "cpu", 0]
+    assert result["removed_cpu_shared_initializers"] is True
+    assert result["renamed_tokenizer_class"] == "Qwen3_5Tokenizer"
+    model = og.Model(str(out))
+    tokenizer = og.Tokenizer(model)
+    prompt = tokenizer.encode("hello world")
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + 8, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([prompt], np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    assert len(generator.get_sequence(0)) == len(prompt) + 8
+
+
+def test_convert_cuda_keeps_shared_initializers_and_state_window(converted):
+    out, result = converted["int4", "cuda", 4]
+    config = json.loads((out / "genai_config.json").read_text())
+    assert result["removed_cpu_shared_initializers"] is False
+    assert [s["name"] for s in config["model"]["mtp"]["shared_initializers"]][0] == "model.embed_tokens.weight"
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    conv = next(v for v in model.graph.input if v.name == "past.0.conv")
+    assert conv.type.tensor_type.shape.dim[0].dim_value == 4
+
+
+def test_convert_exclude_mtp(hf_tiny, tmp_path):
+    out = tmp_path / "no_mtp"
+    convert(hf_tiny, out, precision="fp32", ep="cpu", exclude_mtp=True)
+    config = json.loads((out / "genai_config.json").read_text())
+    assert "mtp" not in config["model"] and not (out / "mtp.onnx").exists()
+
+
+def test_convert_reports_a_failed_builder_run_in_one_line(tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"], "model_type": "nope"}')
+    with pytest.raises(ConvertError, match="builder failed") as info:
+        convert(broken, tmp_path / "out", precision="fp32", ep="cpu")
+    assert "\n" not in str(info.value)
