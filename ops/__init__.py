@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ COPY_SLOTS = "CopySlots"
 
 _LIBRARY_NAME = "libort_mtp_ops.so"
 _ENV = "ORT_MTP_LIBRARY"
+_DISTRIBUTION = "ort-mtp"
 
 
 class LibraryNotFoundError(RuntimeError):
@@ -39,14 +41,28 @@ def library_path() -> str:
         if not Path(override).is_file():
             raise LibraryNotFoundError(f"{_ENV}={override} does not name a file")
         return str(Path(override).resolve())
-    for folder in __path__:  # editable installs may put the library in a second package folder
-        candidate = Path(folder) / _LIBRARY_NAME
+    for candidate in _candidates():
         if candidate.is_file():
             return str(candidate.resolve())
     raise LibraryNotFoundError(
         f"{_LIBRARY_NAME} not found in {list(__path__)}: install the package with `pip install .` "
         f"(it builds the library), or set {_ENV} to a library built with CMake"
     )
+
+
+def _candidates():
+    # Next to this file (a regular install), in the package's other folders (editable installs),
+    # and where the installed distribution put it: running from a source checkout imports the
+    # sources, which hold no library, while the installed copy does.
+    for folder in __path__:
+        yield Path(folder) / _LIBRARY_NAME
+    try:
+        dist = importlib.metadata.distribution(_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return
+    for file in dist.files or ():
+        if file.name == _LIBRARY_NAME:
+            yield Path(dist.locate_file(file))
 
 
 def register(session_options) -> str:
