@@ -1,0 +1,124 @@
+"""End-to-end generation on the 27B-class synthetic model, on the device: the driver's greedy and
+MTP (k = 1, 2, 3) with our MatMulNBits (the rewrite) and with ONNX Runtime's own (no rewrite),
+token identity of each MTP stream against the greedy stream of the same configuration, and the
+per-op row identity of a width-4 verify on CUDA (`python -m driver identity`).
+
+    python3 bench/e2e_27b.py [--folder /tmp/models_qwen35_27b] [--prompts 4] [--new-tokens 128]
+
+Builds the folder first when it is missing (`qwen35-27b`, int4, CUDA, state_window 4; ~25 s on
+16 cores). Each (configuration, mode) runs every prompt twice and keeps the second (warm: CUDA
+graphs captured) pass; tok/s is the median over prompts of new tokens / decode seconds. Writes
+$OUT/e2e_27b.json (else bench/results/e2e_27b.json) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3))
+
+
+def ensure_folder(folder: Path) -> dict:
+    if (folder / "genai_config.json").is_file():
+        return {"built": False}
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "models", "build", "--preset", "qwen35-27b", "--out", str(folder),
+                    "--precision", "int4", "--ep", "cuda", "--state-window", "4", "--overwrite"],
+                   check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    return {"built": True, "seconds": round(time.perf_counter() - start, 1)}
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def run_configuration(folder: Path, provider: str, rewrite: bool, prompts: list[list[int]], new_tokens: int) -> dict:
+    from driver import Generator
+
+    start = time.perf_counter()
+    gen = Generator(folder, provider=provider, mode="mtp", draft_tokens=3, rewrite=rewrite)
+    load_seconds = time.perf_counter() - start
+    rows = {}
+    greedy_tokens = []
+    for mode, k in MODES:
+        per_prompt = []
+        for p, ids in enumerate(prompts):
+            kwargs = {"mode": mode, "stop_at_eos": False}
+            if k:
+                kwargs["draft_tokens"] = k
+            gen.generate(ids, new_tokens, **kwargs)  # warm-up: captures this width's CUDA graphs
+            result = gen.generate(ids, new_tokens, **kwargs)
+            stats = result.stats.as_dict()
+            entry = {"tok_s": stats["tokens_per_second"], "acceptance": stats["acceptance"],
+                     "tokens_per_round": stats["tokens_per_round"], "commits": stats["commits"]}
+            if mode == "greedy":
+                greedy_tokens.append(result.tokens)
+            else:
+                entry["first_difference_from_greedy"] = first_difference(result.tokens, greedy_tokens[p])
+            per_prompt.append(entry)
+        name = mode if not k else f"mtp_k{k}"
+        row = {"tok_s_median": statistics.median(e["tok_s"] for e in per_prompt), "prompts": per_prompt}
+        if k:
+            row["acceptance_mean"] = statistics.fmean(e["acceptance"] for e in per_prompt)
+            row["identical_to_greedy"] = sum(e["first_difference_from_greedy"] is None for e in per_prompt)
+        rows[name] = row
+        print(f"  {'ours' if rewrite else 'ort '} {name:8s} {row['tok_s_median']:8.1f} tok/s"
+              + (f"  acceptance {row['acceptance_mean']:.3f}  ==greedy {row['identical_to_greedy']}/{len(prompts)}"
+                 if k else ""), flush=True)
+    del gen
+    return {"rewrite": rewrite, "load_seconds": round(load_seconds, 1), "modes": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--folder", default="/tmp/models_qwen35_27b")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--prompt-length", type=int, default=64)
+    ap.add_argument("--provider", default="cuda", help="cpu: a dry run of the script on a CPU folder")
+    args = ap.parse_args()
+    out = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    folder = Path(args.folder)
+    report = {"folder": str(folder), "provider": args.provider, "new_tokens": args.new_tokens, "prompt_length": args.prompt_length,
+              "build": ensure_folder(folder)}
+    vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
+    rng = np.random.default_rng(0)  # token-id prompts: the tokenizer's real tokens are the low ids
+    prompts = [rng.integers(0, min(vocab, 8000), args.prompt_length).tolist() for _ in range(args.prompts)]
+    report["configurations"] = []
+    for rewrite in (True, False):
+        report["configurations"].append(run_configuration(folder, args.provider, rewrite, prompts, args.new_tokens))
+        (out / "e2e_27b.json").write_text(json.dumps(report, indent=1))
+    identity = subprocess.run([sys.executable, "-m", "driver", "identity", "--model", str(folder), "--provider",
+                               args.provider, "--json"], cwd=ROOT, capture_output=True, text=True)
+    try:
+        report["identity"] = json.loads(identity.stdout)
+    except json.JSONDecodeError:
+        report["identity"] = {"rc": identity.returncode, "stderr": identity.stderr[-3000:]}
+    (out / "e2e_27b.json").write_text(json.dumps(report, indent=1))
+    print("configuration  mode       tok/s  acceptance  ==greedy")
+    for conf in report["configurations"]:
+        for name, row in conf["modes"].items():
+            print(f"{'ours' if conf['rewrite'] else 'ort':13s}  {name:8s} {row['tok_s_median']:7.1f}  "
+                  f"{row.get('acceptance_mean', float('nan')):10.3f}  {row.get('identical_to_greedy', '-')}")
+    print("identity:", json.dumps(report["identity"])[:1500])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
