@@ -5,6 +5,7 @@
     python bench/check_cuda_ops.py --smoke --sanitizer memcheck     # each group under compute-sanitizer
     python bench/check_cuda_ops.py --groups smoke-mma,decode        # chosen groups
     python bench/check_cuda_ops.py --list           # the groups, what each covers, its environment
+    python bench/check_cuda_ops.py --jobs 4         # four groups at a time (separate processes)
     python bench/check_cuda_ops.py --cpu-dry-run    # the same logic on the CPU EP (tests the script)
 
 Each group runs in its own process (ORT_MTP_GEMV_* are read once per process, and a kernel that
@@ -21,7 +22,8 @@ Builds nothing: the library comes from ops.library_path() (ORT_MTP_LIBRARY overr
 MatMulNBits, every case with fresh random data (A, B, scales, zero points, bias):
   * smoke groups, one per kernel path so that a fault names its path: the general kernel; the
     tensor-core kernel with one K-slice and with clusters (every dtype, block size, zero-point kind
-    and 8/16-token template); its variants tm2, KC=128 and PDL; the CUDA-core kernel (simt). Per case
+    and 8/16-token template, 1..8 warps, balanced row ranges, two waves); with a 2-stage ring; without
+    PDL and the L2 prefetch hint; the CUDA-core kernel (simt). Per case
     M = 1, 2, 3, 6, 9, 17 on the same rows: the M=17 output against the float64 reference, and every
     row of every M bit-identical to the same row at M=17.
   * full random cases: CUDA output vs the float64 reference (ops.nbits.reference) and vs our CPU op,
@@ -33,7 +35,7 @@ MatMulNBits, every case with fresh random data (A, B, scales, zero points, bias)
   * decode-consistency: row i of an M-row call is bit-identical to the M=1 call on row i alone, for
     M = 1..16, 17, 24, 33, 40, on each kernel path (tensor-core default, and simt).
   * ORT's CUDA graph (enable_cuda_graph=1, one gpu_graph_id per M): capture, replay, replay after new
-    data is written into the bound input buffer (default launch, and PDL launches).
+    data is written into the bound input buffer (PDL launches, the default, and plain launches).
 CopySlots: slot promote in place (outputs bound to the destination buffers), slot copy and whole
 copy into separate (poisoned) outputs, many tensors (more than one launch's worth), mixed dtypes and
 odd byte counts, and in place under ORT's CUDA graph; each compared bit-exactly with numpy.
@@ -49,14 +51,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from onnx import TensorProto, helper
 
+import gemv_plan
 from ort_device import BenchError, Device, device_info, out_dir
 
 from ops import nbits  # noqa: E402  (ort_device put the checkout on sys.path)
@@ -71,25 +76,22 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     return 2.0 ** (e - MANTISSA[dtype])
 
 
-def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: int, variant: str = "tm1",
-                  kc_pref: int = 256, sms: int = 132) -> str:
-    """Which CUDA kernel the op picks (mirrors PlanMma / PlanSimt in matmul_nbits_cuda.cu; for the
-    report). Assumes 16-byte aligned A and B, as the checks' buffers are."""
+def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: int, variant: str = "mma",
+                  stages_cap: int = 0) -> str:
+    """Which CUDA kernel the op picks and how it cuts the problem on an H200 (132 SMs), from
+    bench/gemv_plan.py, the mirror of PlanMma / PlanSimt in matmul_nbits_cuda.cu (for the report).
+    Assumes 16-byte aligned A and B, as the checks' buffers are."""
     fast = dtype != "float32" and bits == 4 and zp != "typed" and block in (32, 64, 128, 256)
     if variant == "simt":
         return "simt" if fast and K % 32 == 0 else "generic"
     if not fast or variant == "generic":
         return "generic"
-    if block <= 64:
-        kc = 256 if K % 256 == 0 and kc_pref == 256 else 128 if K % 128 == 0 else 0
-    else:
-        kc = 2 * block if K % (2 * block) == 0 else 0
-    if not kc:
+    plan = gemv_plan.plan(N, K, block)
+    if plan is None:
         return "generic"
-    tiles, kchunks, splits = -(-N // 128), K // kc, 1
-    while splits < 8 and tiles * splits < sms and kchunks >= 4 * splits:
-        splits *= 2
-    return f"mma-{variant}(kc={kc},splits={splits})"
+    st = [gemv_plan.stages(plan, K, block, tokens, max_stages=stages_cap) for tokens in (8, 16)]
+    return (f"mma(kc={plan.kc},splits={plan.splits},rows={plan.rows_per_block}x{plan.row_blocks},"
+            f"warps={plan.warps},stages={st[0]}/{st[1]})")
 
 
 def random_a(rng, M: int, K: int, dtype: str) -> np.ndarray:
@@ -212,29 +214,41 @@ def check_matmul(ctx: "Context", n_random: int):
                        cuda=r, cpu_op=r_cpu, max_diff_vs_cpu_op_ulps=diff_ulps, ok=ok, problem=problem)
 
 
-# Smoke cases: tiny, one per kernel template. Shapes chosen with expected_path: K = 2 chunks gives one
-# K-slice; K = 8..32 chunks with few row tiles gives a cluster of 4 or 8.
+# Smoke cases: small, one group per kernel path. bench/gemv_plan.py gives the cut on a 132-SM H200
+# (the comments): W warps per block, clusters of s blocks, ranges of r rows (not a multiple of 16).
 SMOKE_MS = [1, 2, 3, 6, 9, 17]  # 8-token and 16-token templates, two token groups at 17; simt's 1/2/4/8
 SMOKE_CASES = {  # dtype, K, N, bits, block, zero points, bias
     "generic": [("float32", 512, 100, 4, 32, "packed", True), ("float16", 512, 99, 8, 32, "packed", False),
                 ("bfloat16", 256, 50, 4, 64, "typed", True), ("float16", 1000, 130, 4, 16, None, False),
                 ("bfloat16", 96, 31, 4, 32, None, False), ("float32", 333, 17, 8, 128, "typed", True)],
-    "mma": [("float16", 512, 200, 4, 32, None, True), ("float16", 512, 200, 4, 32, "packed", False),
+    "mma": [("float16", 512, 200, 4, 32, None, True), ("float16", 512, 200, 4, 32, "packed", False),  # W 1
             ("bfloat16", 512, 200, 4, 32, None, False), ("bfloat16", 512, 200, 4, 32, "packed", True),
             ("float16", 512, 130, 4, 64, "packed", False), ("bfloat16", 512, 130, 4, 64, None, True),
             ("float16", 512, 77, 4, 128, None, False), ("bfloat16", 512, 77, 4, 128, "packed", False),
             ("float16", 1024, 129, 4, 256, "packed", True), ("bfloat16", 1024, 129, 4, 256, None, False),
-            ("float16", 384, 150, 4, 32, None, False), ("bfloat16", 384, 150, 4, 64, "packed", True)],  # kc 128
-    "mma-cluster": [("float16", 2048, 130, 4, 32, None, False),        # splits 4
-                    ("bfloat16", 8192, 128, 4, 32, "packed", True),   # splits 8
-                    ("float16", 4096, 300, 4, 128, "packed", False),  # splits 8
-                    ("bfloat16", 4096, 200, 4, 256, None, True),      # splits 4
-                    ("float16", 1280, 64, 4, 64, "packed", False)],   # kc 256, 5 chunks: uneven slices
-    "tm2": [("float16", 512, 200, 4, 32, "packed", True), ("bfloat16", 512, 77, 4, 128, None, False),
-            ("float16", 2048, 130, 4, 32, None, False), ("bfloat16", 4096, 200, 4, 256, "packed", True)],
-    "kc128": [("float16", 256, 200, 4, 32, None, True), ("bfloat16", 256, 150, 4, 64, "packed", False),
-              ("float16", 2048, 130, 4, 32, "packed", False), ("bfloat16", 1024, 100, 4, 64, None, True)],
-    "pdl": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 2048, 130, 4, 32, "packed", False)],
+            ("float16", 384, 150, 4, 32, None, False), ("bfloat16", 384, 150, 4, 64, "packed", True),  # kc 128
+            ("float16", 512, 5000, 4, 32, None, True)],        # W 2, 264 ranges of 19 rows
+    "mma-cluster": [("float16", 2048, 130, 4, 32, None, False),        # s 4, W 1
+                    ("bfloat16", 8192, 128, 4, 32, "packed", True),   # s 8
+                    ("float16", 4096, 300, 4, 128, "packed", False),  # s 8
+                    ("bfloat16", 4096, 200, 4, 256, None, True),      # s 4, kc 512
+                    ("float16", 1280, 64, 4, 64, "packed", False),    # s 2, 5 chunks: uneven slices
+                    ("bfloat16", 8192, 700, 4, 32, "packed", False)], # s 8, W 2, ranges of 22 rows
+    # Layer-like cuts (several MB each): kept out of the memcheck run for time.
+    "mma-wide": [("bfloat16", 512, 20000, 4, 32, "packed", False),  # W 5, 264 ranges of 76
+                 ("float16", 256, 67000, 4, 32, "packed", False),   # W 8, two waves of 127-row ranges
+                 ("bfloat16", 256, 40000, 4, 64, None, True),       # W 5, two waves of 76-row ranges
+                 ("float16", 4096, 3800, 4, 32, None, True),        # s 8, W 8, ranges of 116
+                 ("bfloat16", 2048, 5120, 4, 32, None, False),      # s 4, W 5, ranges of 78
+                 ("float16", 2560, 3000, 4, 32, "packed", False),   # s 4, W 3, 10 chunks: uneven slices
+                 ("bfloat16", 1024, 9000, 4, 64, "packed", True)],  # s 2, W 5, ranges of 69
+    "stages2": [("float16", 8192, 128, 4, 32, None, True),            # s 8, 4 chunks per slice
+                ("bfloat16", 8192, 700, 4, 32, "packed", False),     # s 8, W 2, 4 chunks per slice
+                ("float16", 2560, 3000, 4, 32, None, False),         # s 4, W 3, 2-3 chunks per slice
+                ("bfloat16", 4096, 200, 4, 256, "packed", True),     # kc 512, 2 chunks per slice
+                ("float16", 256, 67000, 4, 32, None, False)],        # two waves of W 8
+    "plain": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 2048, 130, 4, 32, "packed", False),
+              ("float16", 2048, 5120, 4, 32, None, False)],
     "simt": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 512, 130, 4, 32, "packed", False),
              ("float16", 1024, 77, 4, 128, "packed", False), ("bfloat16", 1024, 64, 4, 256, None, True),
              ("float16", 96, 5, 4, 64, None, False),            # K % 64 != 0: the last block is partial
@@ -276,7 +290,9 @@ DECODE = [  # dtype, K, N, bits, block, zero points, bias
     ("float16", 640, 129, 4, 64, None, False),       # kc 128
     ("bfloat16", 1024, 300, 4, 128, None, True),
     ("float16", 2048, 300, 4, 256, "packed", False),
-    ("float16", 512, 20000, 4, 32, None, False),     # many row tiles, no split
+    ("float16", 512, 20000, 4, 32, None, False),     # 264 ranges of 76 rows, 5 warps, no split
+    ("bfloat16", 256, 67000, 4, 32, None, True),     # two waves of 127-row ranges, 8 warps
+    ("float16", 4096, 12000, 4, 32, None, False),    # s 2, 6 warps: 8 chunks through a 6-stage ring
     ("float32", 1000, 70, 4, 32, "typed", True),     # general kernel
     ("float16", 512, 90, 8, 32, None, False),        # general kernel, 8 bits
 ]
@@ -505,25 +521,29 @@ class Group:
 
 GROUPS = [
     Group("smoke-mma", "tensor-core kernel, one K-slice: fp16/bf16 x block 32/64/128/256 x zero points "
-          "none/packed x 8/16 tokens, KC 256 and 128", True),
+          "none/packed x 8/16 tokens, KC 128/256/512, 1-2 warps", True),
     Group("smoke-mma-cluster", "tensor-core kernel split over K in thread-block clusters of 2, 4 and 8", True),
+    Group("smoke-mma-wide", "tensor-core kernel on layer-like cuts: 3..8 warps, balanced row ranges, "
+          "two waves, clusters", True),
+    Group("smoke-stages2", "tensor-core kernel with a 2-stage ring (ORT_MTP_GEMV_STAGES=2): ring wrap, "
+          "wait_group 0", True, {"ORT_MTP_GEMV_STAGES": "2"}),
+    Group("smoke-plain", "tensor-core kernel without programmatic dependent launch and without the L2 "
+          "prefetch hint (ORT_MTP_GEMV_PDL=0, ORT_MTP_GEMV_L2_PREFETCH=0)", True,
+          {"ORT_MTP_GEMV_PDL": "0", "ORT_MTP_GEMV_L2_PREFETCH": "0"}),
     Group("smoke-simt", "CUDA-core fallback kernel (ORT_MTP_GEMV_VARIANT=simt), 1/2/4/8-token templates", True,
           {"ORT_MTP_GEMV_VARIANT": "simt"}),
     Group("smoke-generic", "general kernel: fp32, 8 bits, typed zero points, block 16, K % block != 0", True),
-    Group("smoke-tm2", "tensor-core kernel, 4 warps of 32 rows (ORT_MTP_GEMV_VARIANT=tm2)", True,
-          {"ORT_MTP_GEMV_VARIANT": "tm2"}),
-    Group("smoke-kc128", "tensor-core kernel with 128-k chunks (ORT_MTP_GEMV_KC=128)", True, {"ORT_MTP_GEMV_KC": "128"}),
-    Group("smoke-pdl", "tensor-core kernel launched with programmatic dependent launch (ORT_MTP_GEMV_PDL=1)", True,
-          {"ORT_MTP_GEMV_PDL": "1"}),
     Group("copy_slots", "CopySlots: promote in place, slot and whole copies, 150 tensors, CUDA graph", True),
     Group("matmul", "fixed coverage list + random cases vs the float64 reference and our CPU op", False),
     Group("decode", "rows bit-identical across M = 1..16, 17, 24, 33, 40 (default kernels)", False),
     Group("decode-simt", "rows bit-identical across M on the simt kernel", False, {"ORT_MTP_GEMV_VARIANT": "simt"}),
-    Group("graph", "capture and replay under ORT's CUDA graph, new data into bound buffers", False),
-    Group("graph-pdl", "the same with PDL launches inside the graph", False, {"ORT_MTP_GEMV_PDL": "1"}),
+    Group("graph", "capture and replay under ORT's CUDA graph (PDL launches, the default), new data into "
+          "bound buffers", False),
+    Group("graph-plain", "the same with plain launches and copies", False,
+          {"ORT_MTP_GEMV_PDL": "0", "ORT_MTP_GEMV_L2_PREFETCH": "0"}),
 ]
 GROUP_BY_NAME = {g.name: g for g in GROUPS}
-ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GEMV_KC")
+ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GEMV_L2_PREFETCH", "ORT_MTP_GEMV_STAGES")
 SANITIZER_EXIT = 86  # compute-sanitizer --error-exitcode: the tool found an error
 # Errors after which the CUDA context is unusable: every later call in the process fails the same way.
 STICKY = re.compile(r"CUDA failure|CUDA error|illegal|cudaError|launch failure|unspecified", re.IGNORECASE)
@@ -535,12 +555,12 @@ class Context:
     def __init__(self, device: Device, seed: int, env: dict):
         self.device = device
         self.rng = np.random.default_rng(seed)
-        self.variant = env.get("ORT_MTP_GEMV_VARIANT", "tm1")
-        self.kc = int(env.get("ORT_MTP_GEMV_KC", "256"))
-        self.pdl = env.get("ORT_MTP_GEMV_PDL") == "1"
+        self.variant = env.get("ORT_MTP_GEMV_VARIANT", "mma")
+        self.stages_cap = int(env.get("ORT_MTP_GEMV_STAGES", "0"))
+        self.pdl = env.get("ORT_MTP_GEMV_PDL", "1") == "1"
 
     def path(self, dtype, bits, block, zp, K, N) -> str:
-        path = expected_path(dtype, bits, block, zp, K, N, self.variant, self.kc)
+        path = expected_path(dtype, bits, block, zp, K, N, self.variant, self.stages_cap)
         return path + ("+pdl" if self.pdl and path.startswith("mma") else "")
 
 
@@ -552,7 +572,7 @@ def group_records(name: str, ctx: Context, args):
         return check_matmul(ctx, args.random_cases)
     if name in ("decode", "decode-simt"):
         return check_decode_consistency(ctx)
-    if name in ("graph", "graph-pdl"):
+    if name in ("graph", "graph-plain"):
         return check_graph(ctx)
     if name == "copy_slots":
         return check_copy_slots(ctx)
@@ -626,22 +646,25 @@ def sanitizer_error_count(log: str) -> int | None:
     return sum(counts) if counts else None
 
 
-_running: subprocess.Popen | None = None  # the worker now running, killed with its process group on SIGTERM
+_running: set[subprocess.Popen] = set()  # workers now running, killed with their process groups on SIGTERM
+_running_lock = threading.Lock()
 
 
 def _kill_running(signum, frame):  # noqa: ARG001
-    if _running is not None and _running.poll() is None:
-        os.killpg(_running.pid, signal.SIGKILL)
+    with _running_lock:
+        for proc in list(_running):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
     sys.exit(128 + signum)
 
 
 def run_in_own_group(cmd: list[str], env: dict, timeout: int) -> tuple[int | None, str]:
     """Runs cmd in a new process group (compute-sanitizer starts the worker as its own child: killing
     the group leaves nothing behind on the GPU). Returns (exit status or None on timeout, output)."""
-    global _running
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True) as proc:
-        _running = proc
+        with _running_lock:
+            _running.add(proc)
         try:
             out, _ = proc.communicate(timeout=timeout)
             return proc.returncode, out
@@ -650,7 +673,8 @@ def run_in_own_group(cmd: list[str], env: dict, timeout: int) -> tuple[int | Non
             out, _ = proc.communicate()
             return None, out
         finally:
-            _running = None
+            with _running_lock:
+                _running.discard(proc)
 
 
 def run_group(group: Group, args, logs: Path, scratch: Path) -> dict:
@@ -730,6 +754,9 @@ def main(argv=None) -> int:
                         help="run each group's worker under compute-sanitizer with this tool")
     parser.add_argument("--sanitizer-path", help="compute-sanitizer executable (default: PATH, then $CUDA_HOME/bin)")
     parser.add_argument("--group-timeout", type=int, default=300, help="seconds one group may take")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="groups run at once (their workers are separate processes on the one GPU; most of "
+                             "a group's time is host work: reference sums, process start)")
     parser.add_argument("--scratch", default="/tmp/ort_mtp_check", help="where workers write their results")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -745,8 +772,8 @@ def main(argv=None) -> int:
             if args.worker not in GROUP_BY_NAME:
                 raise BenchError(f"unknown group {args.worker!r}")
             return run_worker(args)
-        if args.random_cases < 0 or args.group_timeout <= 0:
-            raise BenchError("--random-cases must be >= 0 and --group-timeout > 0")
+        if args.random_cases < 0 or args.group_timeout <= 0 or args.jobs < 1:
+            raise BenchError("--random-cases must be >= 0, --group-timeout > 0 and --jobs >= 1")
         smoke = args.smoke or args.small
         if args.groups:
             names = [n.strip() for n in args.groups.split(",") if n.strip()]
@@ -772,12 +799,17 @@ def main(argv=None) -> int:
         report = {"seed": args.seed, "sanitizer": args.sanitizer, "groups": []}
         print(f"check_cuda_ops: {len(chosen)} groups, seed {args.seed}"
               + (f", under compute-sanitizer --tool {args.sanitizer}" if args.sanitizer else ""), flush=True)
-        for group in chosen:
-            res = run_group(group, args, logs, scratch)
-            report["groups"].append(res)
-            report.setdefault("info", res.get("info"))
-            print(f"{'PASS' if res['ok'] else 'FAIL'} {group.name}: {res['cases']} cases, {res['failed']} failed, "
+        def finished(res):
+            print(f"{'PASS' if res['ok'] else 'FAIL'} {res['group']}: {res['cases']} cases, {res['failed']} failed, "
                   f"{res['seconds']:.0f}s" + ("" if res["ok"] else f"; first error: {res['first_error']}"), flush=True)
+            return res
+
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # results kept in the groups' order
+            futures = [pool.submit(lambda g: finished(run_group(g, args, logs, scratch)), g) for g in chosen]
+            for future in futures:
+                res = future.result()
+                report["groups"].append(res)
+                report.setdefault("info", res.get("info"))
         report["passed"] = all(g["ok"] for g in report["groups"])
         report["seconds"] = round(time.time() - started, 1)
         path = out / f"{name}.json"

@@ -12,22 +12,28 @@
 // host synchronisation: launches only, capturable in a CUDA graph.
 //
 // Knobs, read once per process (for benchmarking the variants in one device run):
-//   ORT_MTP_GEMV_VARIANT = tm1 (default) | tm2 | simt | generic
-//       tm1: 8 warps of 16 rows; tm2: 4 warps of 32 rows (fewer activation-fragment loads per weight
-//       byte); simt: the CUDA-core kernel instead of the tensor-core one; generic: the general kernel
+//   ORT_MTP_GEMV_VARIANT = mma (default) | simt | generic
+//       mma: the tensor-core kernel; simt: the CUDA-core kernel instead; generic: the general kernel
 //       for everything (a baseline).
-//   ORT_MTP_GEMV_PDL = 0 (default) | 1
-//       1: launch with programmatic stream serialization, so a kernel's weight prefetch overlaps the
-//       previous kernel's tail (only when B, scales and zero points are session constants).
-//   ORT_MTP_GEMV_KC = 256 (default) | 128
-//       k-values per pipeline stage for block sizes 32 and 64 (128: 64-byte row segments, 6 stages;
-//       256: 128-byte row segments, 4 stages).
+//   ORT_MTP_GEMV_PDL = 1 (default) | 0
+//       1: launch the tensor-core kernel with programmatic stream serialization, so its weight
+//       prefetch overlaps the previous kernel's tail (only when B, scales and zero points are session
+//       constants; device run 2: correct under ORT's CUDA graph, ~10% faster on the chain).
+//   ORT_MTP_GEMV_L2_PREFETCH = 256 (default) | 0
+//       256: the tensor-core kernel's weight and scale copies ask L2 to fetch whole 256-byte blocks
+//       (cp.async .L2::256B): DRAM sees 256-byte runs per weight row instead of the 128 bytes one
+//       stage holds, and the row's next stage comes from L2. 0: no hint (the kernel of device run 2).
+//   ORT_MTP_GEMV_STAGES = 0 (default: as many as fit) | 2..12
+//       an upper bound on the tensor-core kernel's pipeline depth (how many weight bytes a block keeps
+//       in flight); a probe of how latency-bound the kernel is, not a tuning knob.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "matmul_nbits/gemv_generic.cuh"
 #include "matmul_nbits/gemv_mma.cuh"
@@ -37,42 +43,54 @@
 namespace ort_mtp {
 namespace {
 
-enum class Variant { kTm1, kTm2, kSimt, kGeneric };
+enum class Variant { kMma, kSimt, kGeneric };
 
 struct Options {
-  Variant variant = Variant::kTm1;
-  bool pdl = false;
-  int kc = 256;  // preferred chunk for block sizes 32 and 64
+  Variant variant = Variant::kMma;
+  bool pdl = true;
+  bool l2_prefetch = true;
+  int max_stages = 0;  // 0: no cap beyond shared memory
   const char* error = nullptr;
 };
 
 Options ReadOptions() {
   Options o;
   if (const char* v = std::getenv("ORT_MTP_GEMV_VARIANT"); v && *v) {
-    if (!std::strcmp(v, "tm1")) {
-      o.variant = Variant::kTm1;
-    } else if (!std::strcmp(v, "tm2")) {
-      o.variant = Variant::kTm2;
+    if (!std::strcmp(v, "mma")) {
+      o.variant = Variant::kMma;
     } else if (!std::strcmp(v, "simt")) {
       o.variant = Variant::kSimt;
     } else if (!std::strcmp(v, "generic")) {
       o.variant = Variant::kGeneric;
     } else {
-      o.error = "environment variable ORT_MTP_GEMV_VARIANT must be tm1, tm2, simt or generic";
+      o.error = "environment variable ORT_MTP_GEMV_VARIANT must be mma, simt or generic";
     }
   }
   if (const char* v = std::getenv("ORT_MTP_GEMV_PDL"); v && *v) {
     if (!std::strcmp(v, "1")) {
       o.pdl = true;
-    } else if (std::strcmp(v, "0") != 0) {
+    } else if (!std::strcmp(v, "0")) {
+      o.pdl = false;
+    } else {
       o.error = "environment variable ORT_MTP_GEMV_PDL must be 0 or 1";
     }
   }
-  if (const char* v = std::getenv("ORT_MTP_GEMV_KC"); v && *v) {
-    if (!std::strcmp(v, "128")) {
-      o.kc = 128;
-    } else if (std::strcmp(v, "256") != 0) {
-      o.error = "environment variable ORT_MTP_GEMV_KC must be 128 or 256";
+  if (const char* v = std::getenv("ORT_MTP_GEMV_L2_PREFETCH"); v && *v) {
+    if (!std::strcmp(v, "256")) {
+      o.l2_prefetch = true;
+    } else if (!std::strcmp(v, "0")) {
+      o.l2_prefetch = false;
+    } else {
+      o.error = "environment variable ORT_MTP_GEMV_L2_PREFETCH must be 256 or 0";
+    }
+  }
+  if (const char* v = std::getenv("ORT_MTP_GEMV_STAGES"); v && *v) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (*end != '\0' || !(n == 0 || (n >= 2 && n <= gemv::kMmaMaxStages))) {
+      o.error = "environment variable ORT_MTP_GEMV_STAGES must be 0 (no cap) or 2..12";
+    } else {
+      o.max_stages = static_cast<int>(n);
     }
   }
   return o;
@@ -87,9 +105,13 @@ struct DeviceInfo {
   int index = 0;  // CUDA device ordinal
   int sm_count = 0;
   int cc_major = 0;
+  int smem_per_sm = 0;         // bytes of shared memory per multiprocessor
+  int smem_per_block = 0;      // the most one block may opt into
+  int smem_reserved = 0;       // bytes the system reserves per resident block
 };
 
-// Multiprocessor count and compute capability of the current device, looked up once per device.
+// Multiprocessor count, compute capability and shared-memory sizes of the current device, looked up
+// once per device.
 const char* CurrentDeviceInfo(DeviceInfo& info) {
   constexpr int kMaxDevices = 64;
   static std::mutex mutex;
@@ -101,12 +123,16 @@ const char* CurrentDeviceInfo(DeviceInfo& info) {
   std::lock_guard<std::mutex> lock(mutex);
   DeviceInfo& d = cache[device];
   if (d.sm_count == 0) {
-    int sms = 0, major = 0;
-    if ((err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess ||
-        (err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)) != cudaSuccess)
-      return cudaGetErrorString(err);
-    d.sm_count = sms;
-    d.cc_major = major;
+    DeviceInfo n;
+    const std::pair<int*, cudaDeviceAttr> attrs[] = {
+        {&n.sm_count, cudaDevAttrMultiProcessorCount},
+        {&n.cc_major, cudaDevAttrComputeCapabilityMajor},
+        {&n.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
+        {&n.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin},
+        {&n.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock}};
+    for (const auto& [dst, attr] : attrs)
+      if ((err = cudaDeviceGetAttribute(dst, attr, device)) != cudaSuccess) return cudaGetErrorString(err);
+    d = n;
   }
   info = d;
   info.index = device;
@@ -117,22 +143,40 @@ bool Aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_
 
 // --- tensor-core path -------------------------------------------------------------------------------
 
+// How the tensor-core kernel cuts a problem. Everything here is chosen from the weights' shape and
+// layout and the device; M plays no part. Only `kc` and `splits` shape the arithmetic of a result
+// (the K-split and its rank-order sum); the row ranges and warps decide which block computes a row.
 struct MmaPlan {
-  int device = 0;  // CUDA device ordinal (< 64, see CurrentDeviceInfo)
-  int kc = 0;      // k-values per pipeline stage (chunk)
-  int splits = 1;  // K-slices per row tile = cluster size
-  int tiles = 0;   // 128-row tiles
+  int device = 0;          // CUDA device ordinal (< 64, see CurrentDeviceInfo)
+  int kc = 0;              // k-values per pipeline stage (chunk)
+  int splits = 1;          // K-slices per row range = cluster size
+  int rows_per_block = 0;  // rows of one row range
+  int row_blocks = 0;      // row ranges: ceil(N / rows_per_block)
+  int warps = 0;           // warps per block: ceil(rows_per_block / 16) <= kMmaMaxWarps
 };
 
-// Whether the tensor-core kernel takes the problem, and how it is cut. M plays no part.
-bool PlanMma(const MatMulNBitsProblem& p, const DeviceInfo& dev, int preferred_kc, MmaPlan& plan) {
+// Blocks per multiprocessor the plan aims at: two blocks of up to 8 warps (16 warps, 128 registers
+// each) whose pipelines share the SM's shared memory.
+constexpr int kMmaBlocksPerSm = 2;
+
+// The work decomposition (bench/NOTES.md, version 2). Device run 2 measured ~11 GB/s per resident
+// block whatever the shape: the layer-sized matrices, cut into 128-row tiles, left most multiprocessors
+// with one block (37% of the copy ceiling) while the 1940-tile lm_head ran two per SM (71%). So:
+//   * one wave of kMmaBlocksPerSm blocks on every SM: for a cluster size s in {1, 2, 4, 8} (a split
+//     keeps >= 2 chunks per slice; clusters need sm_90), slots / s row ranges of balanced size
+//     ceil(N / (slots / s)) rows, at least 16 (not rounded to 16: rows past a range are zero-filled,
+//     so the bytes per block stay equal), W = ceil(rows / 16) warps; the largest s whose ranges need
+//     <= 8 warps: the most warps (parallel 16-row x K-slice pieces) the wave can hold;
+//   * N too large for one wave of 8-warp blocks (the lm_head): whole waves of equal ranges, no split.
+// The pipeline depth is then chosen per kernel at launch (StagesFor): it changes no result.
+bool PlanMma(const MatMulNBitsProblem& p, const DeviceInfo& dev, MmaPlan& plan) {
   if (p.type == ElemType::kFloat32 || p.bits != 4 || dev.cc_major < 8) return false;
   if (p.zp_kind == ZeroPointKind::kTyped) return false;
   const int bs = p.block_size;
   if (bs != 32 && bs != 64 && bs != 128 && bs != 256) return false;
   int kc = 0;
   if (bs <= 64) {
-    kc = p.K % 256 == 0 && preferred_kc == 256 ? 256 : (p.K % 128 == 0 ? 128 : 0);
+    kc = p.K % 256 == 0 ? 256 : (p.K % 128 == 0 ? 128 : 0);
   } else {
     kc = 2 * bs;
     if (p.K % kc != 0) kc = 0;
@@ -142,35 +186,73 @@ bool PlanMma(const MatMulNBitsProblem& p, const DeviceInfo& dev, int preferred_k
   if (!Aligned(p.a, 16) || !Aligned(p.b, 16) || !Aligned(p.scales, scale_bytes)) return false;
   if (p.K > (1 << 30) || p.N > (1 << 30)) return false;
 
+  const int64_t N = p.N;
+  const int64_t kchunks = p.K / kc;
+  const int64_t slots = static_cast<int64_t>(kMmaBlocksPerSm) * dev.sm_count;
+  int best_splits = 0;
+  int64_t best_rows = 0, best_warps = 0;
+  for (int s = 1; s <= 8; s *= 2) {
+    if (s > 1 && (dev.cc_major < 9 || kchunks < 2 * s)) break;
+    const int64_t ranges = std::max<int64_t>(1, slots / s);
+    const int64_t rows = std::max<int64_t>(16, (N + ranges - 1) / ranges);
+    const int64_t warps = (rows + 15) / 16;
+    if (warps > gemv::kMmaMaxWarps) break;  // larger s: longer ranges still
+    best_splits = s;
+    best_rows = rows;
+    best_warps = warps;
+  }
+  if (best_splits == 0) {  // more rows than one wave of 8-warp blocks holds: whole waves, no split
+    const int64_t wave_rows = 16LL * gemv::kMmaMaxWarps * slots;
+    const int64_t ranges = slots * ((N + wave_rows - 1) / wave_rows);
+    best_splits = 1;
+    best_rows = (N + ranges - 1) / ranges;
+    best_warps = (best_rows + 15) / 16;
+  }
   plan.device = dev.index;
   plan.kc = kc;
-  plan.tiles = static_cast<int>((p.N + 127) / 128);
-  const int kchunks = static_cast<int>(p.K / kc);
-  // Split K over a cluster only while the row tiles alone leave multiprocessors idle (a layer-sized N
-  // gives 40..100 tiles for 132 SMs), keeping >= 2 chunks per slice. Clusters need sm_90.
-  plan.splits = 1;
-  if (dev.cc_major >= 9) {
-    while (plan.splits < 8 && static_cast<int64_t>(plan.tiles) * plan.splits < dev.sm_count &&
-           kchunks >= 4 * plan.splits)
-      plan.splits *= 2;
-  }
+  plan.splits = best_splits;
+  plan.rows_per_block = static_cast<int>(best_rows);
+  plan.row_blocks = static_cast<int>((N + best_rows - 1) / best_rows);
+  plan.warps = static_cast<int>(best_warps);
   return true;
 }
 
-template <typename T, int kBS, int kKC, bool kZp, int kNT, int kTM>
-const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, bool pdl, cudaStream_t stream) {
-  using Cfg = gemv::MmaConfig<kBS, kKC, kNT, kTM>;
-  auto kernel = gemv::GemvMmaKernel<T, kBS, kKC, kZp, kNT, kTM>;
+// Pipeline depth for a kernel: as many stages as fit in the block's share of the SM's shared memory
+// (kMmaBlocksPerSm blocks per SM; one if two cannot hold two stages each), at most one more than the
+// longest K-slice has chunks, at most `max_stages` when set. Returns 0 if not even two stages fit.
+int StagesFor(int stage_bytes, int red_bytes, const MmaPlan& plan, int64_t kchunks, const DeviceInfo& dev,
+              int max_stages) {
+  for (int per_sm = kMmaBlocksPerSm; per_sm >= 1; --per_sm) {
+    const int budget = std::min(dev.smem_per_block, dev.smem_per_sm / per_sm - dev.smem_reserved);
+    int stages = std::min(budget / stage_bytes, gemv::kMmaMaxStages);
+    const int64_t slice = (kchunks + plan.splits - 1) / plan.splits;
+    stages = static_cast<int>(std::min<int64_t>(stages, slice + 1));
+    if (max_stages > 0) stages = std::min(stages, max_stages);
+    while (stages >= 2 && stages * stage_bytes < red_bytes) ++stages;  // the epilogue's buffer must fit
+    if (stages >= 2 && stages * stage_bytes <= budget) return stages;
+  }
+  return 0;
+}
+
+template <typename T, int kBS, int kKC, bool kZp, int kNT>
+const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev, const Options& opt,
+                      bool pdl, cudaStream_t stream) {
+  using Cfg = gemv::MmaConfig<kBS, kKC, kNT>;
+  auto kernel = gemv::GemvMmaKernel<T, kBS, kKC, kZp, kNT>;
   // The kernel's shared-memory limit, raised once per device: not on every call, because a call may
   // come while ORT captures a CUDA graph, and only stream work belongs in a capture.
   static std::atomic<uint64_t> configured{0};  // bit d: done on device d
   const uint64_t bit = uint64_t{1} << plan.device;
   if (!(configured.load(std::memory_order_acquire) & bit)) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::kSmemBytes);
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_per_block);
+    if (err == cudaSuccess)  // a preference: the most shared memory (the kernel keeps nothing in L1)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
     if (err != cudaSuccess) return cudaGetErrorString(err);
     configured.fetch_or(bit, std::memory_order_acq_rel);
   }
-  cudaError_t err = cudaSuccess;
+  const int stage_bytes = Cfg::StageBytes(plan.warps);
+  const int stages = StagesFor(stage_bytes, Cfg::RedBytes(plan.warps), plan, p.K / kKC, dev, opt.max_stages);
+  if (stages < 2) return "internal error: the tensor-core kernel's pipeline does not fit in shared memory";
 
   gemv::MmaParams prm{};
   prm.b = p.b;
@@ -183,7 +265,10 @@ const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, bool pdl
   prm.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
   prm.kchunks = static_cast<int>(p.K / kKC);
   prm.splits = plan.splits;
+  prm.rows_per_block = plan.rows_per_block;
+  prm.stages = stages;
   prm.pdl = pdl ? 1 : 0;
+  prm.l2_prefetch = opt.l2_prefetch ? 1 : 0;
 
   cudaLaunchAttribute attrs[2];
   int n_attrs = 0;
@@ -210,42 +295,44 @@ const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, bool pdl
     prm.y = static_cast<T*>(p.y) + m0 * p.N;
     prm.M = static_cast<int>(rows);
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(plan.tiles * plan.splits),
+    cfg.gridDim = dim3(static_cast<unsigned>(plan.row_blocks * plan.splits),
                        static_cast<unsigned>((rows + Cfg::kTokens - 1) / Cfg::kTokens), 1);
-    cfg.blockDim = dim3(Cfg::kThreads, 1, 1);
-    cfg.dynamicSmemBytes = Cfg::kSmemBytes;
+    cfg.blockDim = dim3(static_cast<unsigned>(32 * plan.warps), 1, 1);
+    cfg.dynamicSmemBytes = static_cast<size_t>(stages) * stage_bytes;
     cfg.stream = stream;
     cfg.attrs = attrs;
     cfg.numAttrs = n_attrs;
-    err = cudaLaunchKernelEx(&cfg, kernel, prm);
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   return nullptr;
 }
 
 template <typename T, int kBS, int kKC, bool kZp>
-const char* DispatchTiles(const MatMulNBitsProblem& p, const MmaPlan& plan, Variant v, bool pdl, cudaStream_t s) {
+const char* DispatchTokens(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev,
+                           const Options& opt, bool pdl, cudaStream_t s) {
   // 8 or 16 tokens per pass: the token tile changes which mma column a row lands in, not its result.
-  const bool wide = p.M > 8;
-  if (v == Variant::kTm2) {
-    return wide ? LaunchMma<T, kBS, kKC, kZp, 2, 2>(p, plan, pdl, s) : LaunchMma<T, kBS, kKC, kZp, 1, 2>(p, plan, pdl, s);
-  }
-  return wide ? LaunchMma<T, kBS, kKC, kZp, 2, 1>(p, plan, pdl, s) : LaunchMma<T, kBS, kKC, kZp, 1, 1>(p, plan, pdl, s);
+  return p.M > 8 ? LaunchMma<T, kBS, kKC, kZp, 2>(p, plan, dev, opt, pdl, s)
+                 : LaunchMma<T, kBS, kKC, kZp, 1>(p, plan, dev, opt, pdl, s);
 }
 
 template <typename T, int kBS, int kKC>
-const char* DispatchZp(const MatMulNBitsProblem& p, const MmaPlan& plan, Variant v, bool pdl, cudaStream_t s) {
-  return p.zp_kind == ZeroPointKind::kPacked ? DispatchTiles<T, kBS, kKC, true>(p, plan, v, pdl, s)
-                                             : DispatchTiles<T, kBS, kKC, false>(p, plan, v, pdl, s);
+const char* DispatchZp(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev, const Options& opt,
+                       bool pdl, cudaStream_t s) {
+  return p.zp_kind == ZeroPointKind::kPacked ? DispatchTokens<T, kBS, kKC, true>(p, plan, dev, opt, pdl, s)
+                                             : DispatchTokens<T, kBS, kKC, false>(p, plan, dev, opt, pdl, s);
 }
 
 template <typename T>
-const char* DispatchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, Variant v, bool pdl, cudaStream_t s) {
+const char* DispatchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev, const Options& opt,
+                        bool pdl, cudaStream_t s) {
   switch (p.block_size) {
-    case 32: return plan.kc == 256 ? DispatchZp<T, 32, 256>(p, plan, v, pdl, s) : DispatchZp<T, 32, 128>(p, plan, v, pdl, s);
-    case 64: return plan.kc == 256 ? DispatchZp<T, 64, 256>(p, plan, v, pdl, s) : DispatchZp<T, 64, 128>(p, plan, v, pdl, s);
-    case 128: return DispatchZp<T, 128, 256>(p, plan, v, pdl, s);
-    case 256: return DispatchZp<T, 256, 512>(p, plan, v, pdl, s);
+    case 32: return plan.kc == 256 ? DispatchZp<T, 32, 256>(p, plan, dev, opt, pdl, s)
+                                   : DispatchZp<T, 32, 128>(p, plan, dev, opt, pdl, s);
+    case 64: return plan.kc == 256 ? DispatchZp<T, 64, 256>(p, plan, dev, opt, pdl, s)
+                                   : DispatchZp<T, 64, 128>(p, plan, dev, opt, pdl, s);
+    case 128: return DispatchZp<T, 128, 256>(p, plan, dev, opt, pdl, s);
+    case 256: return DispatchZp<T, 256, 512>(p, plan, dev, opt, pdl, s);
   }
   return "internal error: block size without a tensor-core kernel";
 }
@@ -370,10 +457,10 @@ const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream) {
     return p.type == ElemType::kFloat16 ? DispatchSimt<__half>(p, s) : DispatchSimt<__nv_bfloat16>(p, s);
   }
   MmaPlan plan;
-  if ((options.variant == Variant::kTm1 || options.variant == Variant::kTm2) && PlanMma(p, dev, options.kc, plan)) {
+  if (options.variant == Variant::kMma && PlanMma(p, dev, plan)) {
     const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;
-    return p.type == ElemType::kFloat16 ? DispatchMma<__half>(p, plan, options.variant, pdl, s)
-                                        : DispatchMma<__nv_bfloat16>(p, plan, options.variant, pdl, s);
+    return p.type == ElemType::kFloat16 ? DispatchMma<__half>(p, plan, dev, options, pdl, s)
+                                        : DispatchMma<__nv_bfloat16>(p, plan, dev, options, pdl, s);
   }
   switch (p.type) {
     case ElemType::kFloat32: return DispatchGeneric<float>(p, s);
