@@ -1,7 +1,9 @@
 """End-to-end generation on the 27B-class synthetic model, on the device: the driver's greedy and
 MTP (k = 1, 2, 3) with our MatMulNBits (the rewrite) and with ONNX Runtime's own (no rewrite),
-token identity of each MTP stream against the greedy stream of the same configuration, and the
-per-op row identity of a width-4 verify on CUDA (`python -m driver identity`).
+onnxruntime-genai's greedy Generator and C++ MtpGenerator on the same folder and prompts (when
+onnxruntime_genai imports), token identity of each MTP stream against the greedy stream of the
+same configuration, and the per-op row identity of a width-4 verify on CUDA
+(`python -m driver identity`).
 
     python3 bench/e2e_27b.py [--folder /tmp/models_qwen35_27b] [--prompts 4] [--new-tokens 128]
 
@@ -84,6 +86,60 @@ def run_configuration(folder: Path, provider: str, rewrite: bool, prompts: list[
     return {"rewrite": rewrite, "load_seconds": round(load_seconds, 1), "modes": rows}
 
 
+def run_genai(folder: Path, prompts: list[list[int]], new_tokens: int) -> dict:
+    """onnxruntime-genai 0.18 on the same folder: greedy `Generator` and `MtpGenerator` (the head as
+    a separate folder, made by models.head_folder). Decode tok/s counts from after the prompt's
+    forward (append_tokens) to the last token; second (warm) pass of each prompt."""
+    import tempfile
+
+    import onnxruntime_genai as og
+
+    from models.head_folder import write_head_folder
+
+    head_dir = Path(tempfile.mkdtemp()) / "head"
+    main_model = og.Model(str(folder))
+    head_model = og.Model(str(write_head_folder(folder, head_dir)))
+    rows = {}
+    greedy_tokens = []
+    for mode, k in MODES:
+        per_prompt = []
+        for p, ids in enumerate(prompts):
+            for _ in range(2):  # warm-up, then the measured pass
+                params = og.GeneratorParams(main_model)
+                params.set_search_options(max_length=len(ids) + new_tokens, do_sample=False)
+                prompt = np.asarray(ids, np.int32)
+                if k:
+                    params.set_speculative_options(max_draft_tokens=k)
+                    gen = og.MtpGenerator(main_model, head_model, params)
+                    gen.append_tokens(prompt)
+                else:
+                    gen = og.Generator(main_model, params)
+                    gen.append_tokens(prompt[None, :])
+                start = time.perf_counter()
+                while not gen.is_done():
+                    gen.generate_next_token()
+                seconds = time.perf_counter() - start
+                sequence = gen.get_sequence() if k else gen.get_sequence(0)
+                tokens = [int(t) for t in sequence][len(ids):]
+            entry = {"tok_s": (len(tokens) - 1) / seconds}  # the first new token comes from the prompt forward
+            if k:
+                stats = gen.get_stats()
+                entry["acceptance"] = float(stats.get("acceptance_rate", 0.0))
+                entry["first_difference_from_greedy"] = first_difference(tokens, greedy_tokens[p])
+            else:
+                greedy_tokens.append(tokens)
+            per_prompt.append(entry)
+            del gen
+        name = mode if not k else f"mtp_k{k}"
+        row = {"tok_s_median": statistics.median(e["tok_s"] for e in per_prompt), "prompts": per_prompt}
+        if k:
+            row["acceptance_mean"] = statistics.fmean(e["acceptance"] for e in per_prompt)
+            row["identical_to_greedy"] = sum(e["first_difference_from_greedy"] is None for e in per_prompt)
+        rows[name] = row
+        print(f"  genai {name:8s} {row['tok_s_median']:8.1f} tok/s", flush=True)
+    return {"genai": og.__version__ if hasattr(og, "__version__") else "0.18", "modes": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--folder", default="/tmp/models_qwen35_27b")
@@ -91,6 +147,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-length", type=int, default=64)
     ap.add_argument("--provider", default="cuda", help="cpu: a dry run of the script on a CPU folder")
+    ap.add_argument("--configurations", default="ours,ort,genai", help="any of ours, ort, genai")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -101,8 +158,16 @@ def main() -> int:
     rng = np.random.default_rng(0)  # token-id prompts: the tokenizer's real tokens are the low ids
     prompts = [rng.integers(0, min(vocab, 8000), args.prompt_length).tolist() for _ in range(args.prompts)]
     report["configurations"] = []
+    wanted = args.configurations.split(",")
     for rewrite in (True, False):
-        report["configurations"].append(run_configuration(folder, args.provider, rewrite, prompts, args.new_tokens))
+        if ("ours" if rewrite else "ort") in wanted:
+            report["configurations"].append(run_configuration(folder, args.provider, rewrite, prompts, args.new_tokens))
+            (out / "e2e_27b.json").write_text(json.dumps(report, indent=1))
+    if "genai" in wanted:
+        try:
+            report["genai"] = run_genai(folder, prompts, args.new_tokens)
+        except Exception as error:  # recorded, not fatal: the driver's numbers stand on their own
+            report["genai"] = {"error": f"{type(error).__name__}: {error}"}
         (out / "e2e_27b.json").write_text(json.dumps(report, indent=1))
     identity = subprocess.run([sys.executable, "-m", "driver", "identity", "--model", str(folder), "--provider",
                                args.provider, "--json"], cwd=ROOT, capture_output=True, text=True)
@@ -116,6 +181,11 @@ def main() -> int:
         for name, row in conf["modes"].items():
             print(f"{'ours' if conf['rewrite'] else 'ort':13s}  {name:8s} {row['tok_s_median']:7.1f}  "
                   f"{row.get('acceptance_mean', float('nan')):10.3f}  {row.get('identical_to_greedy', '-')}")
+    for name, row in report.get("genai", {}).get("modes", {}).items():
+        print(f"{'genai':13s}  {name:8s} {row['tok_s_median']:7.1f}  "
+              f"{row.get('acceptance_mean', float('nan')):10.3f}  {row.get('identical_to_greedy', '-')}")
+    if "error" in report.get("genai", {}):
+        print("genai:", report["genai"]["error"])
     print("identity:", json.dumps(report["identity"])[:1500])
     return 0
 
