@@ -81,13 +81,24 @@ Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
 
 // Shapes and types of the constant-shaped inputs (B, scales, zero_points, bias). Checked once at
 // session creation where they are initializers, and again on every call.
+struct TensorDesc {
+  bool present = false;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+};
+
+TensorDesc Describe(const Ort::ConstValue& v) {
+  TensorDesc d;
+  if (!v) return d;
+  auto info = v.GetTensorTypeAndShapeInfo();
+  d.present = true;
+  d.shape = info.GetShape();
+  d.type = info.GetElementType();
+  return d;
+}
+
 struct WeightInfo {
-  std::vector<int64_t> b_shape, scales_shape, zp_shape, bias_shape;
-  ONNXTensorElementDataType b_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  ONNXTensorElementDataType scales_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  ONNXTensorElementDataType zp_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  ONNXTensorElementDataType bias_type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-  bool has_b = false, has_scales = false, has_zp = false, has_bias = false;
+  TensorDesc b, scales, zp, bias;
 };
 
 // Accepts `shape` when it is [rows * cols] or [rows, cols].
@@ -110,43 +121,43 @@ void CheckWeights(const std::string& where, const Attrs& at, ElemType type, cons
   const std::string t = TypeName(OnnxType(type));
   const std::string kn = " for K=" + std::to_string(at.K) + ", N=" + std::to_string(at.N) +
                          ", block_size=" + std::to_string(at.block_size) + ", bits=" + std::to_string(at.bits);
-  if (w.has_b) {
-    if (w.b_type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
-      Fail(where, std::string("input B must be uint8, got ") + TypeName(w.b_type));
-    const bool rank3 = w.b_shape.size() == 3 && w.b_shape[0] == at.N && w.b_shape[1] == p.k_blocks &&
-                       w.b_shape[2] == p.block_bytes;
-    if (!rank3 && !IsMatrix(w.b_shape, at.N, p.k_blocks * p.block_bytes))
-      Fail(where, "input B has shape " + ShapeToString(w.b_shape) + ", expected " +
+  if (w.b.present) {
+    if (w.b.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
+      Fail(where, std::string("input B must be uint8, got ") + TypeName(w.b.type));
+    const bool rank3 = w.b.shape.size() == 3 && w.b.shape[0] == at.N && w.b.shape[1] == p.k_blocks &&
+                       w.b.shape[2] == p.block_bytes;
+    if (!rank3 && !IsMatrix(w.b.shape, at.N, p.k_blocks * p.block_bytes))
+      Fail(where, "input B has shape " + ShapeToString(w.b.shape) + ", expected " +
                       ShapeToString({at.N, p.k_blocks, p.block_bytes}) + kn);
   }
-  if (w.has_scales) {
-    if (w.scales_type != OnnxType(type))
-      Fail(where, std::string("input scales must have A's type ") + t + ", got " + TypeName(w.scales_type));
-    if (!IsMatrix(w.scales_shape, at.N, p.k_blocks))
-      Fail(where, "input scales has shape " + ShapeToString(w.scales_shape) + ", expected " +
+  if (w.scales.present) {
+    if (w.scales.type != OnnxType(type))
+      Fail(where, std::string("input scales must have A's type ") + t + ", got " + TypeName(w.scales.type));
+    if (!IsMatrix(w.scales.shape, at.N, p.k_blocks))
+      Fail(where, "input scales has shape " + ShapeToString(w.scales.shape) + ", expected " +
                       ShapeToString({at.N, p.k_blocks}) + " or " + ShapeToString({at.N * p.k_blocks}) + kn);
   }
   p.zp_kind = ZeroPointKind::kNone;
-  if (w.has_zp) {
-    if (w.zp_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) {
+  if (w.zp.present) {
+    if (w.zp.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) {
       p.zp_kind = ZeroPointKind::kPacked;
-      if (!IsMatrix(w.zp_shape, at.N, p.zp_row_bytes))
-        Fail(where, "input zero_points (uint8, packed) has shape " + ShapeToString(w.zp_shape) + ", expected " +
+      if (!IsMatrix(w.zp.shape, at.N, p.zp_row_bytes))
+        Fail(where, "input zero_points (uint8, packed) has shape " + ShapeToString(w.zp.shape) + ", expected " +
                         ShapeToString({at.N, p.zp_row_bytes}) + " or " + ShapeToString({at.N * p.zp_row_bytes}) + kn);
-    } else if (w.zp_type == OnnxType(type)) {
+    } else if (w.zp.type == OnnxType(type)) {
       p.zp_kind = ZeroPointKind::kTyped;
-      if (!IsMatrix(w.zp_shape, at.N, p.k_blocks))
-        Fail(where, "input zero_points (" + t + ") has shape " + ShapeToString(w.zp_shape) + ", expected " +
+      if (!IsMatrix(w.zp.shape, at.N, p.k_blocks))
+        Fail(where, "input zero_points (" + t + ") has shape " + ShapeToString(w.zp.shape) + ", expected " +
                         ShapeToString({at.N, p.k_blocks}) + " or " + ShapeToString({at.N * p.k_blocks}) + kn);
     } else {
-      Fail(where, std::string("input zero_points must be uint8 or A's type ") + t + ", got " + TypeName(w.zp_type));
+      Fail(where, std::string("input zero_points must be uint8 or A's type ") + t + ", got " + TypeName(w.zp.type));
     }
   }
-  if (w.has_bias) {
-    if (w.bias_type != OnnxType(type))
-      Fail(where, std::string("input bias must have A's type ") + t + ", got " + TypeName(w.bias_type));
-    if (w.bias_shape.size() != 1 || w.bias_shape[0] != at.N)
-      Fail(where, "input bias has shape " + ShapeToString(w.bias_shape) + ", expected " + ShapeToString({at.N}));
+  if (w.bias.present) {
+    if (w.bias.type != OnnxType(type))
+      Fail(where, std::string("input bias must have A's type ") + t + ", got " + TypeName(w.bias.type));
+    if (w.bias.shape.size() != 1 || w.bias.shape[0] != at.N)
+      Fail(where, "input bias has shape " + ShapeToString(w.bias.shape) + ", expected " + ShapeToString({at.N}));
   }
 }
 
@@ -160,26 +171,18 @@ struct MatMulNBitsKernel {
       Fail(where_, "input g_idx (act-order / grouped index) is not supported; export without act-order",
            ORT_NOT_IMPLEMENTED);
     // Validate initializer shapes now, so a bad model fails at session creation.
-    WeightInfo w;
-    auto constant = [&](int index, bool& has, std::vector<int64_t>& shape, ONNXTensorElementDataType& et) {
-      if (static_cast<size_t>(index) >= n_inputs || info.GetInputName(index).empty()) return;
+    auto constant = [&](int index) -> TensorDesc {
+      if (static_cast<size_t>(index) >= n_inputs || info.GetInputName(index).empty()) return {};
       int is_constant = 0;
       Ort::ConstValue v = info.GetTensorConstantInput(index, &is_constant);
-      if (!is_constant) return;
-      auto ti = v.GetTensorTypeAndShapeInfo();
-      has = true;
-      shape = ti.GetShape();
-      et = ti.GetElementType();
+      return is_constant ? Describe(v) : TensorDesc{};
     };
-    constant(kB, w.has_b, w.b_shape, w.b_type);
-    constant(kScales, w.has_scales, w.scales_shape, w.scales_type);
-    constant(kZeroPoints, w.has_zp, w.zp_shape, w.zp_type);
-    constant(kBias, w.has_bias, w.bias_shape, w.bias_type);
+    const WeightInfo w{constant(kB), constant(kScales), constant(kZeroPoints), constant(kBias)};
     MatMulNBitsProblem unused;
     CheckWeights(where_, attrs_, type_, w, unused);
     // The CUDA kernel may prefetch constant weights before the previous kernel has finished.
     const bool has_zp_input = n_inputs > kZeroPoints && !info.GetInputName(kZeroPoints).empty();
-    weights_constant_ = w.has_b && w.has_scales && (!has_zp_input || w.has_zp);
+    weights_constant_ = w.b.present && w.scales.present && (!has_zp_input || w.zp.present);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
@@ -196,18 +199,7 @@ struct MatMulNBitsKernel {
     Ort::ConstValue zp = input(kZeroPoints), g_idx = input(kGIdx), bias = input(kBias);
     if (g_idx) Fail(where_, "input g_idx is not supported", ORT_NOT_IMPLEMENTED);
 
-    WeightInfo w;
-    auto describe = [](const Ort::ConstValue& v, bool& has, std::vector<int64_t>& shape, ONNXTensorElementDataType& et) {
-      if (!v) return;
-      auto ti = v.GetTensorTypeAndShapeInfo();
-      has = true;
-      shape = ti.GetShape();
-      et = ti.GetElementType();
-    };
-    describe(b, w.has_b, w.b_shape, w.b_type);
-    describe(scales, w.has_scales, w.scales_shape, w.scales_type);
-    describe(zp, w.has_zp, w.zp_shape, w.zp_type);
-    describe(bias, w.has_bias, w.bias_shape, w.bias_type);
+    const WeightInfo w{Describe(b), Describe(scales), Describe(zp), Describe(bias)};
     MatMulNBitsProblem p;
     CheckWeights(where_, attrs_, type_, w, p);
     p.weights_constant = weights_constant_;
