@@ -49,6 +49,16 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def summarize(per_prompt: list[dict], k: int) -> dict:
+    """One (configuration, mode) row: median tok/s over prompts; for MTP, mean acceptance and how many
+    prompts' streams equal the greedy stream."""
+    row = {"tok_s_median": statistics.median(e["tok_s"] for e in per_prompt), "prompts": per_prompt}
+    if k:
+        row["acceptance_mean"] = statistics.fmean(e["acceptance"] for e in per_prompt)
+        row["identical_to_greedy"] = sum(e["first_difference_from_greedy"] is None for e in per_prompt)
+    return row
+
+
 def run_configuration(folder: Path, provider: str, rewrite: bool, prompts: list[list[int]], new_tokens: int) -> dict:
     from driver import Generator
 
@@ -74,11 +84,7 @@ def run_configuration(folder: Path, provider: str, rewrite: bool, prompts: list[
                 entry["first_difference_from_greedy"] = first_difference(result.tokens, greedy_tokens[p])
             per_prompt.append(entry)
         name = mode if not k else f"mtp_k{k}"
-        row = {"tok_s_median": statistics.median(e["tok_s"] for e in per_prompt), "prompts": per_prompt}
-        if k:
-            row["acceptance_mean"] = statistics.fmean(e["acceptance"] for e in per_prompt)
-            row["identical_to_greedy"] = sum(e["first_difference_from_greedy"] is None for e in per_prompt)
-        rows[name] = row
+        rows[name] = row = summarize(per_prompt, k)
         print(f"  {'ours' if rewrite else 'ort '} {name:8s} {row['tok_s_median']:8.1f} tok/s"
               + (f"  acceptance {row['acceptance_mean']:.3f}  ==greedy {row['identical_to_greedy']}/{len(prompts)}"
                  if k else ""), flush=True)
@@ -131,11 +137,7 @@ def run_genai(folder: Path, prompts: list[list[int]], new_tokens: int) -> dict:
             per_prompt.append(entry)
             del gen
         name = mode if not k else f"mtp_k{k}"
-        row = {"tok_s_median": statistics.median(e["tok_s"] for e in per_prompt), "prompts": per_prompt}
-        if k:
-            row["acceptance_mean"] = statistics.fmean(e["acceptance"] for e in per_prompt)
-            row["identical_to_greedy"] = sum(e["first_difference_from_greedy"] is None for e in per_prompt)
-        rows[name] = row
+        rows[name] = row = summarize(per_prompt, k)
         print(f"  genai {name:8s} {row['tok_s_median']:8.1f} tok/s", flush=True)
     return {"genai": og.__version__ if hasattr(og, "__version__") else "0.18", "modes": rows}
 
