@@ -53,6 +53,20 @@ struct Options {
   const char* error = nullptr;
 };
 
+// An on/off environment switch: unset or empty keeps `value`; anything but `on` / `off` is an error.
+void ReadSwitch(const char* name, const char* on, const char* off, const char* message, bool& value,
+                const char*& error) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return;
+  if (!std::strcmp(v, on)) {
+    value = true;
+  } else if (!std::strcmp(v, off)) {
+    value = false;
+  } else {
+    error = message;
+  }
+}
+
 Options ReadOptions() {
   Options o;
   if (const char* v = std::getenv("ORT_MTP_GEMV_VARIANT"); v && *v) {
@@ -66,24 +80,9 @@ Options ReadOptions() {
       o.error = "environment variable ORT_MTP_GEMV_VARIANT must be mma, simt or generic";
     }
   }
-  if (const char* v = std::getenv("ORT_MTP_GEMV_PDL"); v && *v) {
-    if (!std::strcmp(v, "1")) {
-      o.pdl = true;
-    } else if (!std::strcmp(v, "0")) {
-      o.pdl = false;
-    } else {
-      o.error = "environment variable ORT_MTP_GEMV_PDL must be 0 or 1";
-    }
-  }
-  if (const char* v = std::getenv("ORT_MTP_GEMV_L2_PREFETCH"); v && *v) {
-    if (!std::strcmp(v, "256")) {
-      o.l2_prefetch = true;
-    } else if (!std::strcmp(v, "0")) {
-      o.l2_prefetch = false;
-    } else {
-      o.error = "environment variable ORT_MTP_GEMV_L2_PREFETCH must be 256 or 0";
-    }
-  }
+  ReadSwitch("ORT_MTP_GEMV_PDL", "1", "0", "environment variable ORT_MTP_GEMV_PDL must be 0 or 1", o.pdl, o.error);
+  ReadSwitch("ORT_MTP_GEMV_L2_PREFETCH", "256", "0", "environment variable ORT_MTP_GEMV_L2_PREFETCH must be 256 or 0",
+             o.l2_prefetch, o.error);
   if (const char* v = std::getenv("ORT_MTP_GEMV_STAGES"); v && *v) {
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);
