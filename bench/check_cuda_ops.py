@@ -21,9 +21,9 @@ Builds nothing: the library comes from ops.library_path() (ORT_MTP_LIBRARY overr
 
 MatMulNBits, every case with fresh random data (A, B, scales, zero points, bias):
   * smoke groups, one per kernel path so that a fault names its path: the general kernel; the
-    tensor-core kernel with one K-slice and with clusters (every dtype, block size, zero-point kind
-    and 8/16-token template, 1..8 warps, balanced row ranges, two waves); with a 2-stage ring; without
-    PDL and the L2 prefetch hint; the CUDA-core kernel (simt). Per case
+    tensor-core kernel with one K-part and with 2..16 K-parts (every dtype, block size, zero-point
+    kind and 8/16-token template, 1..4 m-tiles per block, several waves); without PDL; the CUDA-core
+    kernel (simt). Per case
     M = 1, 2, 3, 6, 9, 17 on the same rows: the M=17 output against the float64 reference, and every
     row of every M bit-identical to the same row at M=17.
   * full random cases: CUDA output vs the float64 reference (ops.nbits.reference) and vs our CPU op,
@@ -76,10 +76,10 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
     return 2.0 ** (e - MANTISSA[dtype])
 
 
-def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: int, variant: str = "mma",
-                  stages_cap: int = 0) -> str:
+def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: int, variant: str = "mma") -> str:
     """Which CUDA kernel the op picks and how it cuts the problem on an H200 (132 SMs), from
-    bench/gemv_plan.py, the mirror of PlanMma / PlanSimt in matmul_nbits_cuda.cu (for the report).
+    bench/gemv_plan.py, the mirror of PlanStream / PlanSimt in matmul_nbits_cuda.cu (for the report;
+    the real K-parts can be fewer, where the compiled kernel's registers leave fewer blocks per SM).
     Assumes 16-byte aligned A and B, as the checks' buffers are."""
     fast = dtype != "float32" and bits == 4 and zp != "typed" and block in (32, 64, 128, 256)
     if variant == "simt":
@@ -89,9 +89,7 @@ def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: 
     plan = gemv_plan.plan(N, K, block)
     if plan is None:
         return "generic"
-    st = [gemv_plan.stages(plan, K, block, tokens, max_stages=stages_cap) for tokens in (8, 16)]
-    return (f"mma(kc={plan.kc},splits={plan.splits},rows={plan.rows_per_block}x{plan.row_blocks},"
-            f"warps={plan.warps},stages={st[0]}/{st[1]})")
+    return f"mma(kc={plan.kc},kparts={plan.kparts},tiles={plan.tiles},blocks={plan.blocks})"
 
 
 def random_a(rng, M: int, K: int, dtype: str) -> np.ndarray:
@@ -215,38 +213,33 @@ def check_matmul(ctx: "Context", n_random: int):
 
 
 # Smoke cases: small, one group per kernel path. bench/gemv_plan.py gives the cut on a 132-SM H200
-# (the comments): W warps per block, clusters of s blocks, ranges of r rows (not a multiple of 16).
+# (the comments): K-parts x m-tiles per block; rows past N in the last block are zero-filled.
 SMOKE_MS = [1, 2, 3, 6, 9, 17]  # 8-token and 16-token templates, two token groups at 17; simt's 1/2/4/8
 SMOKE_CASES = {  # dtype, K, N, bits, block, zero points, bias
     "generic": [("float32", 512, 100, 4, 32, "packed", True), ("float16", 512, 99, 8, 32, "packed", False),
                 ("bfloat16", 256, 50, 4, 64, "typed", True), ("float16", 1000, 130, 4, 16, None, False),
                 ("bfloat16", 96, 31, 4, 32, None, False), ("float32", 333, 17, 8, 128, "typed", True)],
-    "mma": [("float16", 512, 200, 4, 32, None, True), ("float16", 512, 200, 4, 32, "packed", False),  # W 1
+    "mma": [("float16", 512, 200, 4, 32, None, True), ("float16", 512, 200, 4, 32, "packed", False),  # 1 K-part
             ("bfloat16", 512, 200, 4, 32, None, False), ("bfloat16", 512, 200, 4, 32, "packed", True),
             ("float16", 512, 130, 4, 64, "packed", False), ("bfloat16", 512, 130, 4, 64, None, True),
             ("float16", 512, 77, 4, 128, None, False), ("bfloat16", 512, 77, 4, 128, "packed", False),
             ("float16", 1024, 129, 4, 256, "packed", True), ("bfloat16", 1024, 129, 4, 256, None, False),
             ("float16", 384, 150, 4, 32, None, False), ("bfloat16", 384, 150, 4, 64, "packed", True),  # kc 128
-            ("float16", 512, 5000, 4, 32, None, True)],        # W 2, 264 ranges of 19 rows
-    "mma-cluster": [("float16", 2048, 130, 4, 32, None, False),        # s 4, W 1
-                    ("bfloat16", 8192, 128, 4, 32, "packed", True),   # s 8
-                    ("float16", 4096, 300, 4, 128, "packed", False),  # s 8
-                    ("bfloat16", 4096, 200, 4, 256, None, True),      # s 4, kc 512
-                    ("float16", 1280, 64, 4, 64, "packed", False),    # s 2, 5 chunks: uneven slices
-                    ("bfloat16", 8192, 700, 4, 32, "packed", False)], # s 8, W 2, ranges of 22 rows
+            ("float16", 512, 5000, 4, 32, None, True)],        # 4 m-tiles per block, 79 blocks
+    "mma-kparts": [("float16", 2048, 130, 4, 32, None, False),       # 4 K-parts
+                   ("bfloat16", 8192, 128, 4, 32, "packed", True),  # 16 K-parts
+                   ("float16", 4096, 300, 4, 128, "packed", False), # 8 K-parts
+                   ("bfloat16", 4096, 200, 4, 256, None, True),     # 4 K-parts, kc 512
+                   ("float16", 1280, 64, 4, 64, "packed", False),   # 2 K-parts, 5 chunks: uneven runs
+                   ("bfloat16", 8192, 700, 4, 32, "packed", False)],# 16 K-parts, 44 blocks
     # Layer-like cuts (several MB each): kept out of the memcheck run for time.
-    "mma-wide": [("bfloat16", 512, 20000, 4, 32, "packed", False),  # W 5, 264 ranges of 76
-                 ("float16", 256, 67000, 4, 32, "packed", False),   # W 8, two waves of 127-row ranges
-                 ("bfloat16", 256, 40000, 4, 64, None, True),       # W 5, two waves of 76-row ranges
-                 ("float16", 4096, 3800, 4, 32, None, True),        # s 8, W 8, ranges of 116
-                 ("bfloat16", 2048, 5120, 4, 32, None, False),      # s 4, W 5, ranges of 78
-                 ("float16", 2560, 3000, 4, 32, "packed", False),   # s 4, W 3, 10 chunks: uneven slices
-                 ("bfloat16", 1024, 9000, 4, 64, "packed", True)],  # s 2, W 5, ranges of 69
-    "stages2": [("float16", 8192, 128, 4, 32, None, True),            # s 8, 4 chunks per slice
-                ("bfloat16", 8192, 700, 4, 32, "packed", False),     # s 8, W 2, 4 chunks per slice
-                ("float16", 2560, 3000, 4, 32, None, False),         # s 4, W 3, 2-3 chunks per slice
-                ("bfloat16", 4096, 200, 4, 256, "packed", True),     # kc 512, 2 chunks per slice
-                ("float16", 256, 67000, 4, 32, None, False)],        # two waves of W 8
+    "mma-wide": [("bfloat16", 512, 20000, 4, 32, "packed", False),  # 1 K-part x 4 m-tiles, 313 blocks
+                 ("float16", 256, 67000, 4, 32, "packed", False),   # 1 K-part x 4 m-tiles, 1047 blocks
+                 ("bfloat16", 256, 40000, 4, 64, None, True),       # 1 K-part x 4, kc 256
+                 ("float16", 4096, 3800, 4, 32, None, True),        # 8 K-parts, 238 blocks
+                 ("bfloat16", 2048, 5120, 4, 32, None, False),      # 4 K-parts
+                 ("float16", 2560, 3000, 4, 32, "packed", False),   # 5 K-parts, 2 chunks each
+                 ("bfloat16", 1024, 9000, 4, 64, "packed", True)],  # 2 K-parts x 2 m-tiles
     "plain": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 2048, 130, 4, 32, "packed", False),
               ("float16", 2048, 5120, 4, 32, None, False)],
     "simt": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 512, 130, 4, 32, "packed", False),
@@ -285,14 +278,15 @@ def check_smoke(ctx: "Context", cases: list):
 
 
 DECODE = [  # dtype, K, N, bits, block, zero points, bias
-    ("float16", 2048, 5120, 4, 32, None, False),     # cluster split 4
-    ("bfloat16", 1024, 2000, 4, 32, "packed", True),  # split 2, packed zero points
+    ("float16", 2048, 5120, 4, 32, None, False),     # 4 K-parts
+    ("bfloat16", 1024, 2000, 4, 32, "packed", True),  # packed zero points
     ("float16", 640, 129, 4, 64, None, False),       # kc 128
     ("bfloat16", 1024, 300, 4, 128, None, True),
     ("float16", 2048, 300, 4, 256, "packed", False),
-    ("float16", 512, 20000, 4, 32, None, False),     # 264 ranges of 76 rows, 5 warps, no split
-    ("bfloat16", 256, 67000, 4, 32, None, True),     # two waves of 127-row ranges, 8 warps
-    ("float16", 4096, 12000, 4, 32, None, False),    # s 2, 6 warps: 8 chunks through a 6-stage ring
+    ("float16", 512, 20000, 4, 32, None, False),     # 4 m-tiles per block, 313 blocks
+    ("bfloat16", 256, 67000, 4, 32, None, True),     # several waves
+    ("float16", 5120, 17408, 4, 32, None, False),    # the 27B gate_up cut: 2 K-parts x 2 m-tiles
+    ("float16", 17408, 5120, 4, 32, None, True),     # the 27B down cut: 8 K-parts
     ("float32", 1000, 70, 4, 32, "typed", True),     # general kernel
     ("float16", 512, 90, 8, 32, None, False),        # general kernel, 8 bits
 ]
@@ -520,16 +514,13 @@ class Group:
 
 
 GROUPS = [
-    Group("smoke-mma", "tensor-core kernel, one K-slice: fp16/bf16 x block 32/64/128/256 x zero points "
-          "none/packed x 8/16 tokens, KC 128/256/512, 1-2 warps", True),
-    Group("smoke-mma-cluster", "tensor-core kernel split over K in thread-block clusters of 2, 4 and 8", True),
-    Group("smoke-mma-wide", "tensor-core kernel on layer-like cuts: 3..8 warps, balanced row ranges, "
-          "two waves, clusters", True),
-    Group("smoke-stages2", "tensor-core kernel with a 2-stage ring (ORT_MTP_GEMV_STAGES=2): ring wrap, "
-          "wait_group 0", True, {"ORT_MTP_GEMV_STAGES": "2"}),
-    Group("smoke-plain", "tensor-core kernel without programmatic dependent launch and without the L2 "
-          "prefetch hint (ORT_MTP_GEMV_PDL=0, ORT_MTP_GEMV_L2_PREFETCH=0)", True,
-          {"ORT_MTP_GEMV_PDL": "0", "ORT_MTP_GEMV_L2_PREFETCH": "0"}),
+    Group("smoke-mma", "tensor-core kernel, one K-part: fp16/bf16 x block 32/64/128/256 x zero points "
+          "none/packed x 8/16 tokens, KC 128/256/512, 1-4 m-tiles per block", True),
+    Group("smoke-mma-kparts", "tensor-core kernel split over K into 2..16 K-parts (warps of one block)", True),
+    Group("smoke-mma-wide", "tensor-core kernel on layer-like cuts: many blocks, several waves, K-parts x "
+          "m-tiles", True),
+    Group("smoke-plain", "tensor-core kernel without programmatic dependent launch (ORT_MTP_GEMV_PDL=0)", True,
+          {"ORT_MTP_GEMV_PDL": "0"}),
     Group("smoke-simt", "CUDA-core fallback kernel (ORT_MTP_GEMV_VARIANT=simt), 1/2/4/8-token templates", True,
           {"ORT_MTP_GEMV_VARIANT": "simt"}),
     Group("smoke-generic", "general kernel: fp32, 8 bits, typed zero points, block 16, K % block != 0", True),
@@ -539,11 +530,10 @@ GROUPS = [
     Group("decode-simt", "rows bit-identical across M on the simt kernel", False, {"ORT_MTP_GEMV_VARIANT": "simt"}),
     Group("graph", "capture and replay under ORT's CUDA graph (PDL launches, the default), new data into "
           "bound buffers", False),
-    Group("graph-plain", "the same with plain launches and copies", False,
-          {"ORT_MTP_GEMV_PDL": "0", "ORT_MTP_GEMV_L2_PREFETCH": "0"}),
+    Group("graph-plain", "the same with plain launches and copies", False, {"ORT_MTP_GEMV_PDL": "0"}),
 ]
 GROUP_BY_NAME = {g.name: g for g in GROUPS}
-ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GEMV_L2_PREFETCH", "ORT_MTP_GEMV_STAGES")
+ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL")
 SANITIZER_EXIT = 86  # compute-sanitizer --error-exitcode: the tool found an error
 # Errors after which the CUDA context is unusable: every later call in the process fails the same way.
 STICKY = re.compile(r"CUDA failure|CUDA error|illegal|cudaError|launch failure|unspecified", re.IGNORECASE)
@@ -556,11 +546,10 @@ class Context:
         self.device = device
         self.rng = np.random.default_rng(seed)
         self.variant = env.get("ORT_MTP_GEMV_VARIANT", "mma")
-        self.stages_cap = int(env.get("ORT_MTP_GEMV_STAGES", "0"))
         self.pdl = env.get("ORT_MTP_GEMV_PDL", "1") == "1"
 
     def path(self, dtype, bits, block, zp, K, N) -> str:
-        path = expected_path(dtype, bits, block, zp, K, N, self.variant, self.stages_cap)
+        path = expected_path(dtype, bits, block, zp, K, N, self.variant)
         return path + ("+pdl" if self.pdl and path.startswith("mma") else "")
 
 

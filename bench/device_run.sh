@@ -14,7 +14,7 @@
 # check_cuda_ops_memcheck.json (+ _logs/), steps.log (seconds per step). The output ends with the check
 # summaries, the GEMV table and the targets.
 # Environment: BUILD (build folder, default /tmp/ortmtp), DEADLINE, SKIP_MEMCHECK=1, SKIP_GEMV=1,
-# GEMV_IMPLS (comma list for gemv.py --impls; default: ort, ort_fpa_intb, ours, ours_nopf, ours_stages3).
+# GEMV_IMPLS (comma list for gemv.py --impls; default: ort, ort_fpa_intb, ours).
 set -u
 OUT=${OUT:-$PWD/bench/results/device_run}
 BUILD=${BUILD:-/tmp/ortmtp}
@@ -56,7 +56,7 @@ echo "full check exit $?"
 
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
   step "memcheck: tensor-core kernel, small cases (tokens past M, row ranges, activation copies)"
-  timeout -k 5 "$(cap 60)" python3 bench/check_cuda_ops.py --groups smoke-mma,smoke-mma-cluster \
+  timeout -k 5 "$(cap 60)" python3 bench/check_cuda_ops.py --groups smoke-mma,smoke-mma-kparts \
     --sanitizer memcheck --jobs 2 --group-timeout 55 > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?"
 fi

@@ -52,21 +52,13 @@ SAMPLE_COLUMNS = 1024  # output columns kept for the correctness comparison
 IMPLS = {  # name -> (node domain, environment)
     "ort": ("com.microsoft", {}),
     "ort_fpa_intb": ("com.microsoft", {"ORT_FPA_INTB_GEMM": "1"}),
-    "ours": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "1", "ORT_MTP_GEMV_L2_PREFETCH": "256"}),
-    # Without the .L2::256B hint on the weight copies (the copies of device run 2): what the hint buys.
-    "ours_nopf": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "1", "ORT_MTP_GEMV_L2_PREFETCH": "0"}),
+    "ours": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "1"}),
     "ours_nopdl": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "0"}),
-    # A probe, not a candidate: ours_nopf with at most 3 pipeline stages (2 in flight per block instead of
-    # 4-6). Much slower than ours_nopf -> latency-bound (more bytes in flight pay); about the same ->
-    # bound by instruction issue.
-    "ours_stages3": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "1",
-                                  "ORT_MTP_GEMV_L2_PREFETCH": "0", "ORT_MTP_GEMV_STAGES": "3"}),
     "ours_simt": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "simt"}),
     "ours_generic": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "generic"}),
 }
-DEFAULT_IMPLS = ["ort", "ort_fpa_intb", "ours", "ours_nopf", "ours_stages3"]
-ENV_KEYS = ("ORT_FPA_INTB_GEMM", "ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GEMV_L2_PREFETCH",
-            "ORT_MTP_GEMV_STAGES")
+DEFAULT_IMPLS = ["ort", "ort_fpa_intb", "ours"]
+ENV_KEYS = ("ORT_FPA_INTB_GEMM", "ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL")
 
 
 def workloads(dry: bool) -> list[dict]:
@@ -418,8 +410,8 @@ def targets(table: dict) -> list[tuple[str, bool | None, str]]:
 def format_table(plan: dict, table: dict, impls: list[str]) -> str:
     """us per run for every implementation; for ours also GB/s, % of the copy ceiling, and its time
     over our M=1 time and over ORT default's time at the same M (< 1: ours is faster)."""
-    short = {"ort": "ort", "ort_fpa_intb": "fpA_intB", "ours": "ours", "ours_nopf": "nopf", "ours_nopdl": "nopdl",
-             "ours_stages3": "stages3", "ours_simt": "simt", "ours_generic": "generic"}
+    short = {"ort": "ort", "ort_fpa_intb": "fpA_intB", "ours": "ours", "ours_nopdl": "nopdl",
+             "ours_simt": "simt", "ours_generic": "generic"}
     lines = [f"{'us per run':<12}{'M':>3}" + "".join(f"{short.get(i, i)[:9]:>10}" for i in impls)
              + "  ours: GB/s  %ceil t/tM1 t/tORT"]
     for w in plan["workloads"]:

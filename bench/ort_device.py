@@ -181,8 +181,7 @@ def device_info(device: Device) -> dict:
         props = device.torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, sm_count=props.multi_processor_count,
                     memory_GiB=round(props.total_memory / 2**30, 1))
-    for key in ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GEMV_L2_PREFETCH", "ORT_MTP_GEMV_STAGES",
-                "ORT_FPA_INTB_GEMM"):
+    for key in ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_FPA_INTB_GEMM"):
         if os.environ.get(key):
             info[key] = os.environ[key]
     return info

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace ort_mtp {
 namespace gemv {
@@ -100,10 +101,13 @@ __device__ __forceinline__ void StShared128Zero(uint32_t addr) {
 // each); lane (g = lane / 4, t = lane % 4) receives bytes [4t, 4t + 4) of row g of matrix i in d[i].
 // Used on int4 weight rows it is the 4x4 word transpose among the 4 lanes of a quad that the mma
 // fragment layout needs, for free.
+// Not volatile, with a memory clobber: ordered with the cp.async waits and other memory accesses, but
+// free to move ahead of the arithmetic before it (its latency then overlaps that work).
 __device__ __forceinline__ void LdMatrixX4(uint32_t (&d)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-               : "r"(addr));
+  asm("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(addr)
+      : "memory");
 }
 
 __device__ __forceinline__ uint4 LdShared128(uint32_t addr) {
@@ -132,7 +136,7 @@ __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], 
 
 template <>
 __device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -142,11 +146,39 @@ __device__ __forceinline__ void Mma16816<__half>(float (&d)[4], const uint32_t (
 template <>
 __device__ __forceinline__ void Mma16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                                         uint32_t b1) {
-  asm volatile(
+  asm(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
       "{%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A * B + C with C given separately (MmaC), or C = 0 (MmaZeroC: no zeroing instructions).
+#define ORT_MTP_MMA_C(TYPE)                                                                              \
+  "mma.sync.aligned.m16n8k16.row.col.f32." TYPE "." TYPE ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, " \
+  "{%10, %11, %12, %13};\n"
+
+template <typename T>
+__device__ __forceinline__ void MmaC(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                     const float (&c)[4]) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm(ORT_MTP_MMA_C("f16")
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
+  } else {
+    asm(ORT_MTP_MMA_C("bf16")
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+                   "f"(c[3]));
+  }
+}
+#undef ORT_MTP_MMA_C
+
+template <typename T>
+__device__ __forceinline__ void MmaZeroC(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  const float zero[4] = {0.f, 0.f, 0.f, 0.f};
+  MmaC<T>(d, a, b0, b1, zero);
 }
 
 // int4 -> (q - z) as exact fp16/bf16 pairs. A word holds nibbles n0..n7 (n_i in bits 4i..4i+3, the

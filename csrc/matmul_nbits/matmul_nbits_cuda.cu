@@ -1,6 +1,6 @@
 // CUDA path of MatMulNBits: picks a kernel for the problem and launches it on the session's stream.
 //
-//   gemv_mma.cuh      tensor-core kernel, the fast path: fp16/bf16, 4 bits, block 32..256, no or packed
+//   gemv_stream.cuh   tensor-core kernel, the fast path: fp16/bf16, 4 bits, block 32..256, no or packed
 //                     zero points, K a multiple of the chunk (128..512), 16-byte aligned A and B.
 //   gemv_simt.cuh     CUDA-core kernel, the fallback fast path (ORT_MTP_GEMV_VARIANT=simt): fp16/bf16,
 //                     4 bits, block 32..256, no or packed zero points, K a multiple of 32, aligned A, B.
@@ -18,14 +18,7 @@
 //   ORT_MTP_GEMV_PDL = 1 (default) | 0
 //       1: launch the tensor-core kernel with programmatic stream serialization, so its weight
 //       prefetch overlaps the previous kernel's tail (only when B, scales and zero points are session
-//       constants; device run 2: correct under ORT's CUDA graph, ~10% faster on the chain).
-//   ORT_MTP_GEMV_L2_PREFETCH = 256 (default) | 0
-//       256: the tensor-core kernel's weight and scale copies ask L2 to fetch whole 256-byte blocks
-//       (cp.async .L2::256B): DRAM sees 256-byte runs per weight row instead of the 128 bytes one
-//       stage holds, and the row's next stage comes from L2. 0: no hint (the kernel of device run 2).
-//   ORT_MTP_GEMV_STAGES = 0 (default: as many as fit) | 2..12
-//       an upper bound on the tensor-core kernel's pipeline depth (how many weight bytes a block keeps
-//       in flight); a probe of how latency-bound the kernel is, not a tuning knob.
+//       constants).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -36,8 +29,8 @@
 #include <utility>
 
 #include "matmul_nbits/gemv_generic.cuh"
-#include "matmul_nbits/gemv_mma.cuh"
 #include "matmul_nbits/gemv_simt.cuh"
+#include "matmul_nbits/gemv_stream.cuh"
 #include "matmul_nbits/matmul_nbits.h"
 
 namespace ort_mtp {
@@ -48,8 +41,6 @@ enum class Variant { kMma, kSimt, kGeneric };
 struct Options {
   Variant variant = Variant::kMma;
   bool pdl = true;
-  bool l2_prefetch = true;
-  int max_stages = 0;  // 0: no cap beyond shared memory
   const char* error = nullptr;
 };
 
@@ -81,17 +72,6 @@ Options ReadOptions() {
     }
   }
   ReadSwitch("ORT_MTP_GEMV_PDL", "1", "0", "environment variable ORT_MTP_GEMV_PDL must be 0 or 1", o.pdl, o.error);
-  ReadSwitch("ORT_MTP_GEMV_L2_PREFETCH", "256", "0", "environment variable ORT_MTP_GEMV_L2_PREFETCH must be 256 or 0",
-             o.l2_prefetch, o.error);
-  if (const char* v = std::getenv("ORT_MTP_GEMV_STAGES"); v && *v) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    if (*end != '\0' || !(n == 0 || (n >= 2 && n <= gemv::kMmaMaxStages))) {
-      o.error = "environment variable ORT_MTP_GEMV_STAGES must be 0 (no cap) or 2..12";
-    } else {
-      o.max_stages = static_cast<int>(n);
-    }
-  }
   return o;
 }
 
@@ -142,118 +122,112 @@ bool Aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_
 
 // --- tensor-core path -------------------------------------------------------------------------------
 
-// How the tensor-core kernel cuts a problem. Everything here is chosen from the weights' shape and
-// layout and the device; M plays no part. Only `kc` and `splits` shape the arithmetic of a result
-// (the K-split and its rank-order sum); the row ranges and warps decide which block computes a row.
-struct MmaPlan {
-  int device = 0;          // CUDA device ordinal (< 64, see CurrentDeviceInfo)
+// How the tensor-core kernel cuts a problem: from the weights' shape and layout and the device only,
+// never M. Only kc and kparts shape the arithmetic of a result (the K-split and its in-order sum); the
+// m-tiles per block decide which block computes a row, not how.
+struct StreamPlan {
   int kc = 0;              // k-values per pipeline stage (chunk)
-  int splits = 1;          // K-slices per row range = cluster size
-  int rows_per_block = 0;  // rows of one row range
-  int row_blocks = 0;      // row ranges: ceil(N / rows_per_block)
-  int warps = 0;           // warps per block: ceil(rows_per_block / 16) <= kMmaMaxWarps
+  int tiles = 0;           // m-tiles (16 rows) per block
+  int kparts = 1;          // K-parts per m-tile: warps per block = tiles * kparts
+  int rows_per_block = 0;  // 16 * tiles
+  int blocks = 0;          // ceil(N / rows_per_block)
 };
 
-// Blocks per multiprocessor the plan aims at: two blocks of up to 8 warps (16 warps, 128 registers
-// each) whose pipelines share the SM's shared memory.
-constexpr int kMmaBlocksPerSm = 2;
+// What the plan aims at (bench/NOTES.md, version 3; device lab runs 3-5): ~24 resident warps per SM
+// (more K-parts -> more warps, each with fewer chunks), blocks of at least 4 warps, and the whole grid
+// in one wave where N allows (a second wave of a 50 MB matrix costs ~50%).
+constexpr int kStreamWarpsPerSm = 24;
+constexpr int kStreamMinBlockWarps = 4;
 
-// The work decomposition (bench/NOTES.md, version 2). Device run 2 measured ~11 GB/s per resident
-// block whatever the shape: the layer-sized matrices, cut into 128-row tiles, left most multiprocessors
-// with one block (37% of the copy ceiling) while the 1940-tile lm_head ran two per SM (71%). So:
-//   * one wave of kMmaBlocksPerSm blocks on every SM: for a cluster size s in {1, 2, 4, 8} (a split
-//     keeps >= 2 chunks per slice; clusters need sm_90), slots / s row ranges of balanced size
-//     ceil(N / (slots / s)) rows, at least 16 (not rounded to 16: rows past a range are zero-filled,
-//     so the bytes per block stay equal), W = ceil(rows / 16) warps; the largest s whose ranges need
-//     <= 8 warps: the most warps (parallel 16-row x K-slice pieces) the wave can hold;
-//   * N too large for one wave of 8-warp blocks (the lm_head): whole waves of equal ranges, no split.
-// The pipeline depth is then chosen per kernel at launch (StagesFor): it changes no result.
-bool PlanMma(const MatMulNBitsProblem& p, const DeviceInfo& dev, MmaPlan& plan) {
-  if (p.type == ElemType::kFloat32 || p.bits != 4 || dev.cc_major < 8) return false;
-  if (p.zp_kind == ZeroPointKind::kTyped) return false;
-  const int bs = p.block_size;
-  if (bs != 32 && bs != 64 && bs != 128 && bs != 256) return false;
-  int kc = 0;
-  if (bs <= 64) {
-    kc = p.K % 256 == 0 ? 256 : (p.K % 128 == 0 ? 128 : 0);
-  } else {
-    kc = 2 * bs;
-    if (p.K % kc != 0) kc = 0;
-  }
-  if (kc == 0) return false;
-  const int scale_bytes = 2 * (kc / bs);
-  if (!Aligned(p.a, 16) || !Aligned(p.b, 16) || !Aligned(p.scales, scale_bytes)) return false;
-  if (p.K > (1 << 30) || p.N > (1 << 30)) return false;
-
-  const int64_t N = p.N;
-  const int64_t kchunks = p.K / kc;
-  const int64_t slots = static_cast<int64_t>(kMmaBlocksPerSm) * dev.sm_count;
-  int best_splits = 0;
-  int64_t best_rows = 0, best_warps = 0;
-  for (int s = 1; s <= 8; s *= 2) {
-    if (s > 1 && (dev.cc_major < 9 || kchunks < 2 * s)) break;
-    const int64_t ranges = std::max<int64_t>(1, slots / s);
-    const int64_t rows = std::max<int64_t>(16, (N + ranges - 1) / ranges);
-    const int64_t warps = (rows + 15) / 16;
-    if (warps > gemv::kMmaMaxWarps) break;  // larger s: longer ranges still
-    best_splits = s;
-    best_rows = rows;
-    best_warps = warps;
-  }
-  if (best_splits == 0) {  // more rows than one wave of 8-warp blocks holds: whole waves, no split
-    const int64_t wave_rows = 16LL * gemv::kMmaMaxWarps * slots;
-    const int64_t ranges = slots * ((N + wave_rows - 1) / wave_rows);
-    best_splits = 1;
-    best_rows = (N + ranges - 1) / ranges;
-    best_warps = (best_rows + 15) / 16;
-  }
-  plan.device = dev.index;
-  plan.kc = kc;
-  plan.splits = best_splits;
-  plan.rows_per_block = static_cast<int>(best_rows);
-  plan.row_blocks = static_cast<int>((N + best_rows - 1) / best_rows);
-  plan.warps = static_cast<int>(best_warps);
-  return true;
-}
-
-// Pipeline depth for a kernel: as many stages as fit in the block's share of the SM's shared memory
-// (kMmaBlocksPerSm blocks per SM; one if two cannot hold two stages each), at most one more than the
-// longest K-slice has chunks, at most `max_stages` when set. Returns 0 if not even two stages fit.
-int StagesFor(int stage_bytes, int red_bytes, const MmaPlan& plan, int64_t kchunks, const DeviceInfo& dev,
-              int max_stages) {
-  for (int per_sm = kMmaBlocksPerSm; per_sm >= 1; --per_sm) {
-    const int budget = std::min(dev.smem_per_block, dev.smem_per_sm / per_sm - dev.smem_reserved);
-    int stages = std::min(budget / stage_bytes, gemv::kMmaMaxStages);
-    const int64_t slice = (kchunks + plan.splits - 1) / plan.splits;
-    stages = static_cast<int>(std::min<int64_t>(stages, slice + 1));
-    if (max_stages > 0) stages = std::min(stages, max_stages);
-    while (stages >= 2 && stages * stage_bytes < red_bytes) ++stages;  // the epilogue's buffer must fit
-    if (stages >= 2 && stages * stage_bytes <= budget) return stages;
+// The chunk size for a block size and K, or 0 if the tensor-core kernel does not take the problem.
+int StreamChunk(int block_size, int64_t K) {
+  switch (block_size) {
+    case 32:
+    case 64: return K % 256 == 0 ? 256 : (K % 128 == 0 ? 128 : 0);
+    case 128: return K % 256 == 0 ? 256 : 0;
+    case 256: return K % 512 == 0 ? 512 : 0;
   }
   return 0;
 }
 
-template <typename T, int kBS, int kKC, bool kZp, int kNT>
-const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev, const Options& opt,
-                      bool pdl, cudaStream_t stream) {
-  using Cfg = gemv::MmaConfig<kBS, kKC, kNT>;
-  auto kernel = gemv::GemvMmaKernel<T, kBS, kKC, kZp, kNT>;
-  // The kernel's shared-memory limit, raised once per device: not on every call, because a call may
-  // come while ORT captures a CUDA graph, and only stream work belongs in a capture.
-  static std::atomic<uint64_t> configured{0};  // bit d: done on device d
-  const uint64_t bit = uint64_t{1} << plan.device;
-  if (!(configured.load(std::memory_order_acquire) & bit)) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_per_block);
-    if (err == cudaSuccess)  // a preference: the most shared memory (the kernel keeps nothing in L1)
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-    if (err != cudaSuccess) return cudaGetErrorString(err);
-    configured.fetch_or(bit, std::memory_order_acq_rel);
-  }
-  const int stage_bytes = Cfg::StageBytes(plan.warps);
-  const int stages = StagesFor(stage_bytes, Cfg::RedBytes(plan.warps), plan, p.K / kKC, dev, opt.max_stages);
-  if (stages < 2) return "internal error: the tensor-core kernel's pipeline does not fit in shared memory";
+bool TakesStream(const MatMulNBitsProblem& p, const DeviceInfo& dev) {
+  if (p.type == ElemType::kFloat32 || p.bits != 4 || dev.cc_major < 8) return false;
+  if (p.zp_kind == ZeroPointKind::kTyped) return false;
+  const int kc = StreamChunk(p.block_size, p.K);
+  if (kc == 0) return false;
+  const int scale_bytes = 2 * (kc / p.block_size);
+  return Aligned(p.a, 16) && Aligned(p.b, 16) && Aligned(p.scales, scale_bytes);
+}
 
-  gemv::MmaParams prm{};
+// Blocks of `warps` warps (and their shared memory) that fit on one SM, for the 8-token kernel:
+// looked up once per (device, block size).
+template <typename Kernel>
+const char* ResidentBlocks(Kernel kernel, int device, int warps, int smem, int& blocks) {
+  static std::atomic<int> cache[64][gemv::kStreamMaxWarps + 1];  // 0: not looked up yet
+  std::atomic<int>& slot = cache[device][warps];
+  blocks = slot.load(std::memory_order_acquire);
+  if (blocks > 0) return nullptr;
+  const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, 32 * warps, smem);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  blocks = std::max(blocks, 1);
+  slot.store(blocks, std::memory_order_release);
+  return nullptr;
+}
+
+// The kernel's shared-memory limit, raised once per device: not on every call, because a call may
+// come while ORT captures a CUDA graph, and only stream work belongs in a capture.
+template <typename Kernel>
+const char* ConfigureOnce(Kernel kernel, std::atomic<uint64_t>& configured, const DeviceInfo& dev) {
+  const uint64_t bit = uint64_t{1} << dev.index;
+  if (configured.load(std::memory_order_acquire) & bit) return nullptr;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_per_block);
+  if (err == cudaSuccess)  // a preference: the most shared memory (weights never go through L1)
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+  if (err != cudaSuccess) return cudaGetErrorString(err);
+  configured.fetch_or(bit, std::memory_order_acq_rel);
+  return nullptr;
+}
+
+// The cut: K-parts so that the m-tiles x K-parts give ~kStreamWarpsPerSm warps per SM (each K-part
+// at least 2 chunks), m-tiles per block so that a block has >= kStreamMinBlockWarps warps; fewer
+// K-parts while the grid would need a second wave, unless N alone needs several (the lm_head).
+// Residency is that of the 8-token kernel whatever M is, so the K-split never depends on M.
+template <typename T, int kBS, int kKC, bool kZp>
+const char* PlanStream(const MatMulNBitsProblem& p, const DeviceInfo& dev, StreamPlan& plan) {
+  using Cfg = gemv::StreamConfig<kBS, kKC, 1>;
+  auto kernel8 = gemv::GemvStreamKernel<T, kBS, kKC, 1, kZp>;
+  static std::atomic<uint64_t> configured{0};
+  if (const char* error = ConfigureOnce(kernel8, configured, dev)) return error;
+  const int64_t tiles_total = (p.N + 15) / 16;
+  const int64_t kchunks = p.K / kKC;
+  int kp = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(dev.sm_count) * kStreamWarpsPerSm / tiles_total,
+                                                1, std::max<int64_t>(1, std::min<int64_t>(gemv::kStreamMaxWarps,
+                                                                                          kchunks / 2))));
+  for (;; --kp) {
+    const int tiles = std::min(std::max(1, kStreamMinBlockWarps / kp), std::max(1, gemv::kStreamMaxWarps / kp));
+    const int warps = tiles * kp;
+    int per_sm = 0;
+    if (const char* error = ResidentBlocks(kernel8, dev.index, warps, warps * Cfg::kWarpBytes, per_sm)) return error;
+    const int64_t blocks = (tiles_total + tiles - 1) / tiles;
+    plan.kc = kKC;
+    plan.tiles = tiles;
+    plan.kparts = kp;
+    plan.rows_per_block = 16 * tiles;
+    plan.blocks = static_cast<int>(blocks);
+    const bool one_wave = blocks <= static_cast<int64_t>(dev.sm_count) * per_sm;
+    if (one_wave || kp == 1 || tiles_total >= 4LL * dev.sm_count * gemv::kStreamMaxWarps) return nullptr;
+  }
+}
+
+template <typename T, int kBS, int kKC, bool kZp, int kNT>
+const char* LaunchStream(const MatMulNBitsProblem& p, const StreamPlan& plan, const DeviceInfo& dev, bool pdl,
+                         cudaStream_t stream) {
+  using Cfg = gemv::StreamConfig<kBS, kKC, kNT>;
+  auto kernel = gemv::GemvStreamKernel<T, kBS, kKC, kNT, kZp>;
+  static std::atomic<uint64_t> configured{0};
+  if (const char* error = ConfigureOnce(kernel, configured, dev)) return error;
+
+  gemv::StreamParams prm{};
   prm.b = p.b;
   prm.scales = p.scales;
   prm.zero_points = static_cast<const uint8_t*>(p.zero_points);
@@ -263,26 +237,14 @@ const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, const De
   prm.k_blocks = static_cast<int>(p.k_blocks);
   prm.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
   prm.kchunks = static_cast<int>(p.K / kKC);
-  prm.splits = plan.splits;
+  prm.kparts = plan.kparts;
   prm.rows_per_block = plan.rows_per_block;
-  prm.stages = stages;
   prm.pdl = pdl ? 1 : 0;
-  prm.l2_prefetch = opt.l2_prefetch ? 1 : 0;
 
-  cudaLaunchAttribute attrs[2];
-  int n_attrs = 0;
-  if (plan.splits > 1) {
-    attrs[n_attrs].id = cudaLaunchAttributeClusterDimension;
-    attrs[n_attrs].val.clusterDim.x = static_cast<unsigned>(plan.splits);
-    attrs[n_attrs].val.clusterDim.y = 1;
-    attrs[n_attrs].val.clusterDim.z = 1;
-    ++n_attrs;
-  }
-  if (pdl) {
-    attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n_attrs].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attrs;
-  }
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  const int warps = plan.tiles * plan.kparts;
 
   // Token groups go on grid.y (at most 65535 per launch; larger M takes several launches).
   constexpr int64_t kMaxGroups = 65535;
@@ -294,13 +256,13 @@ const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, const De
     prm.y = static_cast<T*>(p.y) + m0 * p.N;
     prm.M = static_cast<int>(rows);
     cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(plan.row_blocks * plan.splits),
-                       static_cast<unsigned>((rows + Cfg::kTokens - 1) / Cfg::kTokens), 1);
-    cfg.blockDim = dim3(static_cast<unsigned>(32 * plan.warps), 1, 1);
-    cfg.dynamicSmemBytes = static_cast<size_t>(stages) * stage_bytes;
+    cfg.gridDim = dim3(static_cast<unsigned>(plan.blocks), static_cast<unsigned>((rows + Cfg::kTokens - 1) / Cfg::kTokens),
+                       1);
+    cfg.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
+    cfg.dynamicSmemBytes = static_cast<size_t>(warps) * Cfg::kWarpBytes;
     cfg.stream = stream;
-    cfg.attrs = attrs;
-    cfg.numAttrs = n_attrs;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl ? 1 : 0;
     const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm);
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
@@ -308,30 +270,28 @@ const char* LaunchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, const De
 }
 
 template <typename T, int kBS, int kKC, bool kZp>
-const char* DispatchTokens(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev,
-                           const Options& opt, bool pdl, cudaStream_t s) {
+const char* DispatchStreamPlan(const MatMulNBitsProblem& p, const DeviceInfo& dev, bool pdl, cudaStream_t s) {
+  StreamPlan plan;
+  if (const char* error = PlanStream<T, kBS, kKC, kZp>(p, dev, plan)) return error;
   // 8 or 16 tokens per pass: the token tile changes which mma column a row lands in, not its result.
-  return p.M > 8 ? LaunchMma<T, kBS, kKC, kZp, 2>(p, plan, dev, opt, pdl, s)
-                 : LaunchMma<T, kBS, kKC, kZp, 1>(p, plan, dev, opt, pdl, s);
+  return p.M > 8 ? LaunchStream<T, kBS, kKC, kZp, 2>(p, plan, dev, pdl, s)
+                 : LaunchStream<T, kBS, kKC, kZp, 1>(p, plan, dev, pdl, s);
 }
 
 template <typename T, int kBS, int kKC>
-const char* DispatchZp(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev, const Options& opt,
-                       bool pdl, cudaStream_t s) {
-  return p.zp_kind == ZeroPointKind::kPacked ? DispatchTokens<T, kBS, kKC, true>(p, plan, dev, opt, pdl, s)
-                                             : DispatchTokens<T, kBS, kKC, false>(p, plan, dev, opt, pdl, s);
+const char* DispatchStreamZp(const MatMulNBitsProblem& p, const DeviceInfo& dev, bool pdl, cudaStream_t s) {
+  return p.zp_kind == ZeroPointKind::kPacked ? DispatchStreamPlan<T, kBS, kKC, true>(p, dev, pdl, s)
+                                             : DispatchStreamPlan<T, kBS, kKC, false>(p, dev, pdl, s);
 }
 
 template <typename T>
-const char* DispatchMma(const MatMulNBitsProblem& p, const MmaPlan& plan, const DeviceInfo& dev, const Options& opt,
-                        bool pdl, cudaStream_t s) {
+const char* DispatchStream(const MatMulNBitsProblem& p, const DeviceInfo& dev, bool pdl, cudaStream_t s) {
+  const int kc = StreamChunk(p.block_size, p.K);
   switch (p.block_size) {
-    case 32: return plan.kc == 256 ? DispatchZp<T, 32, 256>(p, plan, dev, opt, pdl, s)
-                                   : DispatchZp<T, 32, 128>(p, plan, dev, opt, pdl, s);
-    case 64: return plan.kc == 256 ? DispatchZp<T, 64, 256>(p, plan, dev, opt, pdl, s)
-                                   : DispatchZp<T, 64, 128>(p, plan, dev, opt, pdl, s);
-    case 128: return DispatchZp<T, 128, 256>(p, plan, dev, opt, pdl, s);
-    case 256: return DispatchZp<T, 256, 512>(p, plan, dev, opt, pdl, s);
+    case 32: return kc == 256 ? DispatchStreamZp<T, 32, 256>(p, dev, pdl, s) : DispatchStreamZp<T, 32, 128>(p, dev, pdl, s);
+    case 64: return kc == 256 ? DispatchStreamZp<T, 64, 256>(p, dev, pdl, s) : DispatchStreamZp<T, 64, 128>(p, dev, pdl, s);
+    case 128: return DispatchStreamZp<T, 128, 256>(p, dev, pdl, s);
+    case 256: return DispatchStreamZp<T, 256, 512>(p, dev, pdl, s);
   }
   return "internal error: block size without a tensor-core kernel";
 }
@@ -455,11 +415,10 @@ const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream) {
   if (options.variant == Variant::kSimt && PlanSimt(p)) {
     return p.type == ElemType::kFloat16 ? DispatchSimt<__half>(p, s) : DispatchSimt<__nv_bfloat16>(p, s);
   }
-  MmaPlan plan;
-  if (options.variant == Variant::kMma && PlanMma(p, dev, plan)) {
+  if (options.variant == Variant::kMma && TakesStream(p, dev)) {
     const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;
-    return p.type == ElemType::kFloat16 ? DispatchMma<__half>(p, plan, dev, options, pdl, s)
-                                        : DispatchMma<__nv_bfloat16>(p, plan, dev, options, pdl, s);
+    return p.type == ElemType::kFloat16 ? DispatchStream<__half>(p, dev, pdl, s)
+                                        : DispatchStream<__nv_bfloat16>(p, dev, pdl, s);
   }
   switch (p.type) {
     case ElemType::kFloat32: return DispatchGeneric<float>(p, s);

@@ -1,0 +1,304 @@
+// The fast MatMulNBits kernel (version 3, "stream"): int4 weights, fp16/bf16 activations, M = 1..16
+// tokens per pass, on the tensor cores with the tokens as the narrow (n = 8 or 16) side of
+// mma.m16n8k16.
+//
+// Why the tensor cores even at M = 1: decode-consistency. Row i of an M-row call must be bit-identical
+// to the M = 1 call on row i, so every M runs the same arithmetic, and at M = 16 CUDA-core FMAs would
+// need ~3.5x the HBM time. An mma output element depends only on its own row of A and column of B, so
+// which column a token occupies (or what the other columns hold) does not change its result.
+//
+// What version 2 (one pipeline per block, a barrier per chunk; bench/NOTES.md) taught: an SM held
+// 10-12 warps that waited on each other and the kernel ran at 38% of the copy ceiling whatever its
+// pipeline depth. Here every warp is its own pipeline:
+//   * a warp owns one m-tile of 16 weight rows and one K-part (a contiguous run of chunks of kKC
+//     k-values). Its private ring of kStreamStages stages in shared memory is filled by cp.async (16
+//     rows x kKC/2 bytes of weights, and the rows' scales) and read by ldmatrix; the only
+//     synchronisation in the main loop is cp.async.wait_group + __syncwarp.
+//   * a block is `tiles` m-tiles x `kparts` K-parts (warp w: tile w / kparts, K-part w % kparts) over
+//     rows_per_block rows (rows past it are zero-filled, never read or stored). The K-parts' sums meet
+//     in shared memory at the end and are added in K-part order. The host (PlanStream) cuts the
+//     problem from N, K and the device only, never M.
+//   * activations come straight from global memory (L1/L2; every warp on the same K range shares
+//     them), 16 bytes per lane per 32-k unit, all of a chunk loaded at its top so their latency
+//     overlaps the wait and the first unit's work. Columns past M read the last token's row: an mma
+//     column does not change the others, and those results are never stored.
+//   * ldmatrix.x4 over the 16-byte units of 8 rows hands lane (g, t) word t of each unit, i.e. 8
+//     consecutive k of row g: exactly one quant block per mma k-step across the quad, so the block's
+//     scale is applied after the mma in fp32 (acc = fma(scale, block_sum, acc)).
+// Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps in ascending
+// k on exact (q - z) values starting from zero; acc = fma(scale, block_sum, acc) in ascending block
+// order within the K-part; K-parts added in order; + bias; one rounding.
+//
+// Measured (bench/gemv_lab.cu, H200, bench/NOTES.md version 3): the chain of 4 x (5120->17408,
+// 17408->5120) at M = 1 in 142 us (67% of 4.2 TB/s; v2 252 us), the 248320 x 5120 lm_head in 188 us
+// (90%).
+#pragma once
+#include "matmul_nbits/gemv_ptx.cuh"
+
+namespace ort_mtp {
+namespace gemv {
+
+struct StreamParams {
+  const void* a;               // [M, K] of T
+  const uint8_t* b;            // [N, K / 2] packed int4
+  const void* scales;          // [N, k_blocks] of T
+  const uint8_t* zero_points;  // [N, zp_row_bytes] packed int4, or nullptr
+  const void* bias;            // [N] of T, or nullptr
+  void* y;                     // [M, N] of T
+  int M, N, K;
+  int k_blocks;
+  int zp_row_bytes;
+  int kchunks;         // K / kKC
+  int kparts;          // warps along K per m-tile (K-parts)
+  int rows_per_block;  // weight rows of one block (<= tiles * 16; the rest are zero-filled)
+  int pdl;             // 1: launched with programmatic stream serialization (griddepcontrol runs)
+};
+
+constexpr int kStreamMaxWarps = 16;  // 512 threads: the compiler may use up to 128 registers
+constexpr int kStreamStages = 3;     // 2 chunks in flight per warp (2 to 4 measured the same)
+
+template <int kBS, int kKC, int kNT>
+struct StreamConfig {
+  static_assert(kBS == 32 || kBS == 64 || kBS == 128 || kBS == 256, "block size");
+  static_assert(kKC % 128 == 0 && kKC % kBS == 0, "a chunk holds whole quant blocks");
+  static_assert(kKC / kBS == 2 || kKC / kBS == 4 || kKC / kBS == 8, "a row's scales per stage: one 4-16 byte copy");
+  static constexpr int kRows = 16;                   // weight rows per warp (one m-tile)
+  static constexpr int kTokens = 8 * kNT;            // tokens per pass
+  static constexpr int kRowBytes = kKC / 2;          // weight bytes per row per stage
+  static constexpr int kUnits = kKC / 32;            // 16-byte (32-k) units per row per stage
+  static constexpr int kSpc = kKC / kBS;             // quant blocks per row per stage
+  static constexpr int kScaleBytes = 2 * kSpc;       // per row per stage: 4, 8 or 16
+  static constexpr int kWBytes = kRows * kRowBytes;
+  static constexpr int kStageBytes = kWBytes + kRows * kScaleBytes;
+  static constexpr int kWarpBytes = kStreamStages * kStageBytes;  // one warp's ring
+  static constexpr int kPieces = kRows * kUnits;     // 16-byte weight copies per stage
+  static_assert(kPieces % 32 == 0, "whole copies per lane");
+  static constexpr int kRedBytes = kRows * kTokens * 4;  // one warp's partial sums in the epilogue
+  static_assert(kRedBytes <= kWarpBytes, "the epilogue reuses the ring");
+};
+
+// XOR swizzle of the 16-byte units of a row in a stage, so that the 8 rows an ldmatrix matrix reads
+// (same unit, consecutive rows) fall in 8 different 16-byte bank groups.
+template <int kUnits>
+__device__ __forceinline__ int SwizzleUnit(int row, int unit) {
+  if constexpr (kUnits == 4) {
+    return unit ^ ((row >> 1) & 3);  // 64-byte rows: two rows per 128-byte bank line
+  } else {
+    return unit ^ (row & 7);  // 128-byte (or longer) rows
+  }
+}
+
+// Activation fragments of one 32-k unit for the k-slot map of the weights: lane quad t holds k
+// 8t..8t+7 of the unit, and Int4Dequant hands out the weight pairs (0,4), (1,5), (2,6), (3,7).
+__device__ __forceinline__ void ActivationFragments(uint4 x, uint32_t (&b)[4]) {
+  b[0] = Prmt(x.x, x.z, 0x5410);  // (x0, x4)
+  b[1] = Prmt(x.x, x.z, 0x7632);  // (x1, x5)
+  b[2] = Prmt(x.y, x.w, 0x5410);  // (x2, x6)
+  b[3] = Prmt(x.y, x.w, 0x7632);  // (x3, x7)
+}
+
+// Up to 128 registers (78 for the fp16 block-32 8-token kernel: 24 warps per SM). A cap of 72 or 64
+// (__maxnreg__) spilled and ran 5-30% slower (device lab run 8).
+template <typename T, int kBS, int kKC, int kNT, bool kZp>
+__global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const __grid_constant__ StreamParams p) {
+  using Cfg = StreamConfig<kBS, kKC, kNT>;
+  using Dq = Int4Dequant<T>;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int tile = warp / p.kparts;  // this warp's 16 rows within the block
+  const int kp = warp - tile * p.kparts;
+  const int block_row0 = static_cast<int>(blockIdx.x) * p.rows_per_block;
+  const int block_rows = min(p.rows_per_block, p.N - block_row0);  // rows this block owns
+  const int tile_row0 = tile * Cfg::kRows;                         // first row of the tile, block-local
+  const int tok0 = static_cast<int>(blockIdx.y) * Cfg::kTokens;
+  const int m_count = min(Cfg::kTokens, p.M - tok0);
+
+  // This warp's chunks: kchunks split into kparts runs of near-equal length, in order.
+  const int base = p.kchunks / p.kparts, extra = p.kchunks % p.kparts;
+  const int c_begin = kp * base + min(kp, extra);
+  const int c_count = base + (kp < extra ? 1 : 0);
+
+  const uint32_t ring = SmemAddr(smem) + static_cast<uint32_t>(warp * Cfg::kWarpBytes);
+  const int64_t row_bytes = static_cast<int64_t>(p.K) / 2;
+
+  // Copy assignment: pass j copies row r = j * kRowsPerPass + lane / kUnits of the tile, unit lane %
+  // kUnits. Rows the block does not own are zero-filled (no read). Addresses are rebuilt per copy from
+  // one base: registers, not instructions, limit the warps per SM here.
+  constexpr int kRowsPerPass = 32 / Cfg::kUnits;
+  const int cu = lane % Cfg::kUnits, crow = lane / Cfg::kUnits;
+  const uint8_t* wbase = p.b + static_cast<int64_t>(block_row0 + tile_row0 + crow) * row_bytes + cu * 16;
+  const int64_t pass_bytes = kRowsPerPass * row_bytes;
+  const int valid_passes =
+      min(Cfg::kPieces / 32, max(0, (block_rows - tile_row0 - crow + kRowsPerPass - 1) / kRowsPerPass));
+  // Scales: lane r < 16 copies row r's scales of the stage (kScaleBytes, one cp.async).
+  const bool s_lane = lane < Cfg::kRows;
+  const bool s_valid = s_lane && tile_row0 + lane < block_rows;
+  const int s_row = block_row0 + (s_valid ? tile_row0 + lane : 0);
+  const uint8_t* ssrc = static_cast<const uint8_t*>(p.scales) + (static_cast<int64_t>(s_row) * p.k_blocks) * 2;
+  const uint32_t sdst = static_cast<uint32_t>(Cfg::kWBytes + (s_lane ? lane : 0) * Cfg::kScaleBytes);
+
+  auto issue = [&](int i) {  // chunk i of this warp's run into its stage; always commits a group
+    if (i < c_count) {
+      const uint32_t stage = ring + static_cast<uint32_t>((i % kStreamStages) * Cfg::kStageBytes);
+      const int64_t koff = static_cast<int64_t>(c_begin + i) * Cfg::kRowBytes;
+#pragma unroll
+      for (int j = 0; j < Cfg::kPieces / 32; ++j) {
+        const int r = j * kRowsPerPass + crow;
+        const uint32_t dst = stage + static_cast<uint32_t>(r * Cfg::kRowBytes + SwizzleUnit<Cfg::kUnits>(r, cu) * 16);
+        const bool valid = j < valid_passes;
+        CpAsync16(dst, valid ? wbase + j * pass_bytes + koff : p.b, valid);
+      }
+      if (s_lane) {
+        CpAsyncSmall<Cfg::kScaleBytes>(stage + sdst, ssrc + static_cast<int64_t>(c_begin + i) * Cfg::kSpc * 2,
+                                       s_valid);
+      }
+    }
+    CpAsyncCommit();
+  };
+
+#pragma unroll
+  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
+  // Weights, scales and zero points are session constants; the activations are the previous kernel's
+  // output: with programmatic dependent launch the first stages load while that kernel finishes.
+  if (p.pdl) {
+    GridDependencyTrigger();
+    GridDependencyWait();
+  }
+
+  // Lane (g, t): ldmatrix row address; mma column g = token tok0 + 8 nt + g; k-slot t.
+  const int g = lane >> 2, t = lane & 3;
+  const int lm_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // row within the m-tile this lane addresses
+  const int lm_unit = lane >> 4;                          // 0: unit u, 1: unit u + 1
+  const T* arow[kNT];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+    arow[nt] = static_cast<const T*>(p.a) + static_cast<int64_t>(tok0 + min(8 * nt + g, m_count - 1)) * p.K + 8 * t;
+  // Zero points of this lane's rows g and g + 8 (rows the block does not own read its first row).
+  const uint8_t* zrow[2] = {nullptr, nullptr};
+  if constexpr (kZp) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = tile_row0 + g + 8 * h;
+      zrow[h] = p.zero_points + static_cast<int64_t>(block_row0 + (r < block_rows ? r : 0)) * p.zp_row_bytes;
+    }
+  }
+
+  float acc[kNT][4];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+  for (int i = 0; i < c_count; ++i) {
+    const int chunk = c_begin + i;
+    const int64_t k0 = static_cast<int64_t>(chunk) * kKC;
+    // The whole chunk's activations at its top: their latency overlaps the wait and the first unit's
+    // work. Loaded per unit pair instead they cost ~25% at M = 8 (device lab run 2) and, although that
+    // saves 46 registers at 16 tokens, 10-50% at M = 16 (lab run 7).
+    uint4 act[kNT][Cfg::kUnits];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int u = 0; u < Cfg::kUnits; ++u) act[nt][u] = __ldg(reinterpret_cast<const uint4*>(arow[nt] + k0 + 32 * u));
+    uint32_t zbytes[2][Cfg::kSpc / 2];  // packed zero points of the chunk's blocks, rows g and g + 8
+    if constexpr (kZp) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < Cfg::kSpc / 2; ++j) zbytes[h][j] = __ldg(zrow[h] + chunk * (Cfg::kSpc / 2) + j);
+    }
+
+    CpAsyncWait<kStreamStages - 2>();
+    __syncwarp();
+    issue(i + kStreamStages - 1);  // into the stage read in iteration i - 1 (all lanes are past it)
+
+    const uint32_t stage = ring + static_cast<uint32_t>((i % kStreamStages) * Cfg::kStageBytes);
+    // This lane's scales (rows g and g + 8), read at the end of each quant block.
+    const uint16_t* sc = reinterpret_cast<const uint16_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes) + g * Cfg::kSpc;
+
+    constexpr int kUnitsPerBlock = kBS / 32;
+    typename Dq::Consts dq[2] = {Dq::Make(8u), Dq::Make(8u)};  // rows g, g + 8
+    float d[kNT][4];  // the current quant block's sums
+#pragma unroll
+    for (int u2 = 0; u2 < Cfg::kUnits; u2 += 2) {
+      uint32_t w[4];  // [row g unit u2, row g+8 unit u2, row g unit u2+1, row g+8 unit u2+1]
+      LdMatrixX4(w, stage + static_cast<uint32_t>(lm_row * Cfg::kRowBytes +
+                                                  SwizzleUnit<Cfg::kUnits>(lm_row, u2 + lm_unit) * 16));
+#pragma unroll
+      for (int uu = 0; uu < 2; ++uu) {
+        const int u = u2 + uu;
+        const int blk = u / kUnitsPerBlock;
+        const bool first = u % kUnitsPerBlock == 0;
+        if constexpr (kZp) {
+          if (first) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) dq[h] = Dq::Make((zbytes[h][blk / 2] >> (4 * (blk & 1))) & 0xFu);
+          }
+        }
+        uint32_t b[kNT][4];
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) ActivationFragments(act[nt][u], b[nt]);
+        // k-slot map of this unit: lane quad t holds k 8t..8t+7; the weight pairs are (0,4), (1,5),
+        // (2,6), (3,7): mma 1 takes pairs 0 (low k-slots) and 1 (high), mma 2 pairs 2 and 3.
+        uint32_t qa[4], qb[4];
+        Dq::Run(w[2 * uu], dq[0], qa);
+        Dq::Run(w[2 * uu + 1], dq[1], qb);
+        const uint32_t a1[4] = {qa[0], qb[0], qa[1], qb[1]};
+        const uint32_t a2[4] = {qa[2], qb[2], qa[3], qb[3]};
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (first) {
+            MmaZeroC<T>(d[nt], a1, b[nt][0], b[nt][1]);
+          } else {
+            Mma16816<T>(d[nt], a1, b[nt][0], b[nt][1]);
+          }
+          Mma16816<T>(d[nt], a2, b[nt][2], b[nt][3]);
+        }
+        if ((u + 1) % kUnitsPerBlock == 0) {
+          const float s0 = BitsToFloat<T>(sc[blk]);
+          const float s1 = BitsToFloat<T>(sc[8 * Cfg::kSpc + blk]);
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            acc[nt][0] = fmaf(s0, d[nt][0], acc[nt][0]);
+            acc[nt][1] = fmaf(s0, d[nt][1], acc[nt][1]);
+            acc[nt][2] = fmaf(s1, d[nt][2], acc[nt][2]);
+            acc[nt][3] = fmaf(s1, d[nt][3], acc[nt][3]);
+          }
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+
+  // Epilogue: K-parts meet in shared memory (the rings are free once every warp is past its loop).
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(smem);
+  constexpr int kOut = Cfg::kRows * Cfg::kTokens;  // outputs of one m-tile
+  {
+    float* mine = red + warp * kOut;  // [row][token]
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(g + 8 * (e >> 1)) * Cfg::kTokens + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
+  }
+  __syncthreads();
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  const int tiles = static_cast<int>(blockDim.x >> 5) / p.kparts;
+  for (int o = threadIdx.x; o < tiles * kOut; o += blockDim.x) {
+    const int grp = o / kOut, rem = o - grp * kOut;
+    const int r = grp * Cfg::kRows + rem / Cfg::kTokens, tok = rem % Cfg::kTokens;
+    if (r >= block_rows || tok >= m_count) continue;
+    const float* part = red + grp * p.kparts * kOut + rem;
+    float s = part[0];
+    for (int q = 1; q < p.kparts; ++q) s += part[q * kOut];
+    const int row = block_row0 + r;
+    if (bias) s += ToFloat<T>(bias[row]);
+    y[static_cast<int64_t>(tok0 + tok) * p.N + row] = FromFloat<T>(s);
+  }
+}
+
+}  // namespace gemv
+}  // namespace ort_mtp
