@@ -18,23 +18,12 @@ import pytest
 
 import ops.rewrite
 from driver import Generator
+from genai_helpers import genai_greedy
 from test_driver_support import PROMPTS, genai_folder, genai_loadable_copy, tiny_folder
 
 og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is the reference here")
 
 NEW_TOKENS = 24
-
-
-def genai_greedy(model, ids: list[int], new_tokens: int) -> list[int]:
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(ids) + new_tokens, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens([ids])
-    out = []
-    while not generator.is_done():
-        generator.generate_next_token()
-        out.append(int(generator.get_next_tokens()[0]))
-    return out
 
 
 # (folder the driver runs, folder onnxruntime-genai 0.18 loads on CPU: the same graphs and weights)

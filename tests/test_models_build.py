@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from genai_helpers import genai_greedy
 from models.build import FOLDER_FILES, build
 from models.config import BuildOptions, Synthesis, preset
 from models.reference import Reference, load_initializers
@@ -79,14 +80,8 @@ def test_tiny_loads_and_generates_in_genai(folders):
     og = pytest.importorskip("onnxruntime_genai")
     model = og.Model(str(folders["int4", "cpu"]))
     tokenizer = og.Tokenizer(model)
-    prompt = tokenizer.encode("def greet(name):\n    return")
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + 24, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray([prompt], np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    new = list(generator.get_sequence(0))[len(prompt):]
+    prompt = [int(t) for t in tokenizer.encode("def greet(name):\n    return")]
+    new = genai_greedy(model, prompt, 24)
     assert len(new) == 24
     assert all(0 <= t < TINY.vocab_size - 3 for t in new), "special tokens must never win the argmax"
     assert isinstance(tokenizer.decode(new), str) and tokenizer.decode(new)
@@ -122,11 +117,7 @@ def test_genai_mtp_generator_runs_our_folder_losslessly(tmp_path):
     mtp.append_tokens(np.asarray(PROMPT, np.int32))
     while not mtp.is_done():
         mtp.generate_next_token()
-    greedy = og.Generator(main, params)
-    greedy.append_tokens(np.asarray([PROMPT], np.int32))
-    while not greedy.is_done():
-        greedy.generate_next_token()
-    assert [int(t) for t in mtp.get_sequence()] == [int(t) for t in greedy.get_sequence(0)]
+    assert [int(t) for t in mtp.get_sequence()] == list(PROMPT) + genai_greedy(main, PROMPT, 48)
     stats = mtp.get_stats()
     assert stats["trials"] > 0 and stats["acceptance_rate"] > 0.5
 
@@ -136,15 +127,8 @@ def test_genai_greedy_tokens_equal_numpy_reference(folders):
     og = pytest.importorskip("onnxruntime_genai")
     folder = folders["fp32", "cpu"]
     model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
     new_tokens = 20
-    params.set_search_options(max_length=len(PROMPT) + new_tokens, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray([PROMPT], np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    genai_tokens = [int(t) for t in generator.get_sequence(0)][len(PROMPT):]
-    assert genai_tokens == Reference(folder).greedy(PROMPT, new_tokens)
+    assert genai_greedy(model, PROMPT, new_tokens) == Reference(folder).greedy(PROMPT, new_tokens)
 
 
 @pytest.mark.parametrize(

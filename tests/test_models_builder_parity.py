@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 
+from genai_helpers import genai_greedy
 from models.build import build
 from models.compare import compare_folders
 from models.config import BuildOptions, preset
@@ -69,14 +70,8 @@ def test_convert_cpu_folder_loads_and_generates_in_genai(converted):
     assert result["renamed_tokenizer_class"] == "Qwen3_5Tokenizer"
     model = og.Model(str(out))
     tokenizer = og.Tokenizer(model)
-    prompt = tokenizer.encode("hello world")
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + 8, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.asarray([prompt], np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    assert len(generator.get_sequence(0)) == len(prompt) + 8
+    prompt = [int(t) for t in tokenizer.encode("hello world")]
+    assert len(genai_greedy(model, prompt, 8)) == 8
 
 
 def test_convert_cuda_keeps_shared_initializers_and_state_window(converted):

@@ -14,18 +14,9 @@
 namespace ort_mtp {
 namespace gemv {
 
-struct GenericParams {
-  const void* a;
-  const uint8_t* b;
-  const void* scales;
-  const void* zero_points;
-  const void* bias;
-  void* y;
-  int M, N, K;
+struct GenericParams : GemvOperands {
   int block_size;
-  int k_blocks;
   int block_bytes;
-  int zp_row_bytes;
 };
 
 constexpr int kGenericWarps = 8;   // output features per block

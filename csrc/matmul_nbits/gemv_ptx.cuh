@@ -12,6 +12,22 @@
 namespace ort_mtp {
 namespace gemv {
 
+// What every MatMulNBits kernel takes from the problem (the fields of MatMulNBitsProblem that the
+// kernels read). A, Y and M are those of one launch's token slice (LaunchSlices in
+// matmul_nbits_cuda.cu). zero_points is packed uint8 or typed T, per the kernel's template; nullptr
+// when absent.
+struct GemvOperands {
+  const void* a;            // [M, K] of T
+  const uint8_t* b;         // [N, k_blocks, block_bytes] packed
+  const void* scales;       // [N, k_blocks] of T
+  const void* zero_points;  // see above
+  const void* bias;         // [N] of T, or nullptr
+  void* y;                  // [M, N] of T
+  int M, N, K;
+  int k_blocks;
+  int zp_row_bytes;
+};
+
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -269,13 +285,13 @@ __device__ __forceinline__ float ToFloat<__nv_bfloat16>(__nv_bfloat16 v) { retur
 
 // A 16-bit float given by its bits (scales staged in shared memory as raw bytes).
 template <typename T>
-__device__ __forceinline__ float BitsToFloat(uint16_t bits);
-template <>
-__device__ __forceinline__ float BitsToFloat<__half>(uint16_t bits) { return __half2float(__ushort_as_half(bits)); }
-template <>
-__device__ __forceinline__ float BitsToFloat<__nv_bfloat16>(uint16_t bits) {
-  return __bfloat162float(__ushort_as_bfloat16(bits));
+__device__ __forceinline__ float BitsToFloat(uint16_t bits) {
+  static_assert(sizeof(T) == 2, "a 16-bit float type");
+  T v;
+  memcpy(&v, &bits, 2);
+  return ToFloat<T>(v);
 }
+
 
 template <typename T>
 __device__ __forceinline__ T FromFloat(float v);

@@ -32,18 +32,9 @@
 namespace ort_mtp {
 namespace gemv {
 
-struct SimtParams {
-  const void* a;               // [M, K] of T
-  const uint8_t* b;            // [N, k_blocks * block_size / 2]
-  const void* scales;          // [N, k_blocks] of T
-  const uint8_t* zero_points;  // [N, zp_row_bytes] packed int4, or nullptr
-  const void* bias;            // [N] of T, or nullptr
-  void* y;                     // [M, N] of T
-  int M, N, K;
-  int k_blocks;
-  int64_t row_bytes;   // bytes of one row of B (k_blocks * block_size / 2)
-  int zp_row_bytes;
-  int chunk_shift;     // log2(block_size / 32): quant block of chunk c is c >> chunk_shift
+struct SimtParams : GemvOperands {  // zero_points: packed int4, or nullptr
+  int64_t row_bytes;  // bytes of one row of B (k_blocks * block_size / 2)
+  int chunk_shift;    // log2(block_size / 32): quant block of chunk c is c >> chunk_shift
 };
 
 constexpr int kSimtRows = 4;   // output features per block
@@ -75,6 +66,7 @@ __global__ void __launch_bounds__(32 * kSimtWarps) GemvSimtKernel(const __grid_c
   const int chunks = p.K / 32;
   const T* scales = static_cast<const T*>(p.scales);
   const T* a = static_cast<const T*>(p.a);
+  const uint8_t* zero_points = static_cast<const uint8_t*>(p.zero_points);
 
   // Rows past N read row 0 (a valid address) and are never stored.
   int rows[kSimtRows];
@@ -98,8 +90,8 @@ __global__ void __launch_bounds__(32 * kSimtWarps) GemvSimtKernel(const __grid_c
       wv[r] = __ldcs(reinterpret_cast<const uint4*>(p.b + static_cast<int64_t>(rows[r]) * p.row_bytes) + c);
       scale[r] = ToFloat<T>(scales[static_cast<int64_t>(rows[r]) * p.k_blocks + blk]);
       uint32_t z = 8u;
-      if (p.zero_points) {
-        const uint8_t zb = __ldg(p.zero_points + static_cast<int64_t>(rows[r]) * p.zp_row_bytes + (blk >> 1));
+      if (zero_points) {
+        const uint8_t zb = __ldg(zero_points + static_cast<int64_t>(rows[r]) * p.zp_row_bytes + (blk >> 1));
         z = (blk & 1) ? (zb >> 4) : (zb & 15u);
       }
       consts[r] = Dq::Make(z);

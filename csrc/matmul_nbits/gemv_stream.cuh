@@ -33,21 +33,14 @@
 // 17408->5120) at M = 1 in 142 us (67% of 4.2 TB/s; v2 252 us), the 248320 x 5120 lm_head in 188 us
 // (90%).
 #pragma once
+#include <algorithm>
+
 #include "matmul_nbits/gemv_ptx.cuh"
 
 namespace ort_mtp {
 namespace gemv {
 
-struct StreamParams {
-  const void* a;               // [M, K] of T
-  const uint8_t* b;            // [N, K / 2] packed int4
-  const void* scales;          // [N, k_blocks] of T
-  const uint8_t* zero_points;  // [N, zp_row_bytes] packed int4, or nullptr
-  const void* bias;            // [N] of T, or nullptr
-  void* y;                     // [M, N] of T
-  int M, N, K;
-  int k_blocks;
-  int zp_row_bytes;
+struct StreamParams : GemvOperands {  // zero_points: packed int4 (read only by the kZp kernels)
   int kchunks;         // K / kKC
   int kparts;          // warps along K per m-tile (K-parts)
   int rows_per_block;  // weight rows of one block (<= tiles * 16; the rest are zero-filled)
@@ -76,6 +69,34 @@ struct StreamConfig {
   static constexpr int kRedBytes = kRows * kTokens * 4;  // one warp's partial sums in the epilogue
   static_assert(kRedBytes <= kWarpBytes, "the epilogue reuses the ring");
 };
+
+// How a problem is cut into blocks (PlanStream in matmul_nbits_cuda.cu with its constants;
+// bench/gemv_lab.cu with others): K-parts so that the m-tiles x K-parts give ~warps_per_sm warps per
+// SM (each K-part at least 2 chunks), m-tiles per block so that a block has >= min_block_warps warps;
+// fewer K-parts while the grid would need a second wave, unless N alone needs several (the lm_head).
+// resident(warps, blocks) sets how many blocks of that many warps fit on an SM and returns an error
+// or nullptr; it must not depend on M (it is the 8-token kernel's), so neither does the K-split.
+struct StreamCut {
+  int tiles = 0;       // m-tiles (16 rows) per block
+  int kparts = 1;      // K-parts per m-tile: warps per block = tiles * kparts
+  int64_t blocks = 0;  // ceil(m-tiles / tiles)
+};
+
+template <typename Resident>
+const char* CutStream(int64_t n_tiles, int64_t kchunks, int sms, int warps_per_sm, int min_block_warps,
+                      Resident&& resident, StreamCut& cut) {
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(kStreamMaxWarps, kchunks / 2));
+  int kp = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(sms) * warps_per_sm / n_tiles, 1, most));
+  for (;; --kp) {
+    cut.tiles = std::min(std::max(1, min_block_warps / kp), std::max(1, kStreamMaxWarps / kp));
+    cut.kparts = kp;
+    cut.blocks = (n_tiles + cut.tiles - 1) / cut.tiles;
+    int per_sm = 0;
+    if (const char* error = resident(cut.tiles * kp, per_sm)) return error;
+    const bool one_wave = cut.blocks <= static_cast<int64_t>(sms) * per_sm;
+    if (one_wave || kp == 1 || n_tiles >= 4LL * sms * kStreamMaxWarps) return nullptr;
+  }
+}
 
 // XOR swizzle of the 16-byte units of a row in a stage, so that the 8 rows an ldmatrix matrix reads
 // (same unit, consecutive rows) fall in 8 different 16-byte bank groups.
@@ -181,7 +202,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const _
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int r = tile_row0 + g + 8 * h;
-      zrow[h] = p.zero_points + static_cast<int64_t>(block_row0 + (r < block_rows ? r : 0)) * p.zp_row_bytes;
+      zrow[h] = static_cast<const uint8_t*>(p.zero_points) + static_cast<int64_t>(block_row0 + (r < block_rows ? r : 0)) * p.zp_row_bytes;
     }
   }
 

@@ -120,17 +120,47 @@ const char* CurrentDeviceInfo(DeviceInfo& info) {
 
 bool Aligned(const void* p, uintptr_t bytes) { return (reinterpret_cast<uintptr_t>(p) % bytes) == 0; }
 
+// The problem's fields that every kernel reads; A, Y and M are set per token slice (LaunchSlices).
+void FillOperands(const MatMulNBitsProblem& p, gemv::GemvOperands& o) {
+  o.b = p.b;
+  o.scales = p.scales;
+  o.zero_points = p.zp_kind == ZeroPointKind::kNone ? nullptr : p.zero_points;
+  o.bias = p.bias;
+  o.N = static_cast<int>(p.N);
+  o.K = static_cast<int>(p.K);
+  o.k_blocks = static_cast<int>(p.k_blocks);
+  o.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
+}
+
+// Launches `kernel` over M in slices of at most 65535 groups of `tokens` tokens (grid.y's limit; only
+// a prefill that long takes more than one): prm's A, Y and M are set to the slice, grid.y to its
+// token groups; the rest of `cfg` (grid.x, block, shared memory, stream, attributes) is the caller's.
+template <typename T, typename Params>
+const char* LaunchSlices(const MatMulNBitsProblem& p, int tokens, void (*kernel)(Params), Params& prm,
+                         cudaLaunchConfig_t cfg) {
+  constexpr int64_t kMaxGroups = 65535;
+  const int64_t groups = (p.M + tokens - 1) / tokens;
+  for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
+    const int64_t m0 = g0 * tokens;
+    const int64_t rows = std::min<int64_t>(p.M - m0, kMaxGroups * tokens);
+    prm.a = static_cast<const T*>(p.a) + m0 * p.K;
+    prm.y = static_cast<T*>(p.y) + m0 * p.N;
+    prm.M = static_cast<int>(rows);
+    cfg.gridDim.y = static_cast<unsigned>((rows + tokens - 1) / tokens);
+    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
+  }
+  return nullptr;
+}
+
 // --- tensor-core path -------------------------------------------------------------------------------
 
 // How the tensor-core kernel cuts a problem: from the weights' shape and layout and the device only,
 // never M. Only kc and kparts shape the arithmetic of a result (the K-split and its in-order sum); the
 // m-tiles per block decide which block computes a row, not how.
 struct StreamPlan {
-  int kc = 0;              // k-values per pipeline stage (chunk)
-  int tiles = 0;           // m-tiles (16 rows) per block
-  int kparts = 1;          // K-parts per m-tile: warps per block = tiles * kparts
-  int rows_per_block = 0;  // 16 * tiles
-  int blocks = 0;          // ceil(N / rows_per_block)
+  int kc = 0;  // k-values per pipeline stage (chunk)
+  gemv::StreamCut cut;
 };
 
 // What the plan aims at (bench/NOTES.md, version 3; device lab runs 3-5): ~24 resident warps per SM
@@ -189,35 +219,21 @@ const char* ConfigureOnce(Kernel kernel, std::atomic<uint64_t>& configured, cons
   return nullptr;
 }
 
-// The cut: K-parts so that the m-tiles x K-parts give ~kStreamWarpsPerSm warps per SM (each K-part
-// at least 2 chunks), m-tiles per block so that a block has >= kStreamMinBlockWarps warps; fewer
-// K-parts while the grid would need a second wave, unless N alone needs several (the lm_head).
-// Residency is that of the 8-token kernel whatever M is, so the K-split never depends on M.
+// The cut of gemv::CutStream with this op's constants, residency from the 8-token kernel whatever M
+// is, so the K-split never depends on M.
 template <typename T, int kBS, int kKC, bool kZp>
 const char* PlanStream(const MatMulNBitsProblem& p, const DeviceInfo& dev, StreamPlan& plan) {
   using Cfg = gemv::StreamConfig<kBS, kKC, 1>;
   auto kernel8 = gemv::GemvStreamKernel<T, kBS, kKC, 1, kZp>;
   static std::atomic<uint64_t> configured{0};
   if (const char* error = ConfigureOnce(kernel8, configured, dev)) return error;
-  const int64_t tiles_total = (p.N + 15) / 16;
-  const int64_t kchunks = p.K / kKC;
-  int kp = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(dev.sm_count) * kStreamWarpsPerSm / tiles_total,
-                                                1, std::max<int64_t>(1, std::min<int64_t>(gemv::kStreamMaxWarps,
-                                                                                          kchunks / 2))));
-  for (;; --kp) {
-    const int tiles = std::min(std::max(1, kStreamMinBlockWarps / kp), std::max(1, gemv::kStreamMaxWarps / kp));
-    const int warps = tiles * kp;
-    int per_sm = 0;
-    if (const char* error = ResidentBlocks(kernel8, dev.index, warps, warps * Cfg::kWarpBytes, per_sm)) return error;
-    const int64_t blocks = (tiles_total + tiles - 1) / tiles;
-    plan.kc = kKC;
-    plan.tiles = tiles;
-    plan.kparts = kp;
-    plan.rows_per_block = 16 * tiles;
-    plan.blocks = static_cast<int>(blocks);
-    const bool one_wave = blocks <= static_cast<int64_t>(dev.sm_count) * per_sm;
-    if (one_wave || kp == 1 || tiles_total >= 4LL * dev.sm_count * gemv::kStreamMaxWarps) return nullptr;
-  }
+  plan.kc = kKC;
+  return gemv::CutStream(
+      (p.N + 15) / 16, p.K / kKC, dev.sm_count, kStreamWarpsPerSm, kStreamMinBlockWarps,
+      [&](int warps, int& per_sm) {
+        return ResidentBlocks(kernel8, dev.index, warps, warps * Cfg::kWarpBytes, per_sm);
+      },
+      plan.cut);
 }
 
 template <typename T, int kBS, int kKC, bool kZp, int kNT>
@@ -229,45 +245,24 @@ const char* LaunchStream(const MatMulNBitsProblem& p, const StreamPlan& plan, co
   if (const char* error = ConfigureOnce(kernel, configured, dev)) return error;
 
   gemv::StreamParams prm{};
-  prm.b = p.b;
-  prm.scales = p.scales;
-  prm.zero_points = static_cast<const uint8_t*>(p.zero_points);
-  prm.bias = p.bias;
-  prm.N = static_cast<int>(p.N);
-  prm.K = static_cast<int>(p.K);
-  prm.k_blocks = static_cast<int>(p.k_blocks);
-  prm.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
+  FillOperands(p, prm);
   prm.kchunks = static_cast<int>(p.K / kKC);
-  prm.kparts = plan.kparts;
-  prm.rows_per_block = plan.rows_per_block;
+  prm.kparts = plan.cut.kparts;
+  prm.rows_per_block = 16 * plan.cut.tiles;
   prm.pdl = pdl ? 1 : 0;
 
   cudaLaunchAttribute attr;
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
-  const int warps = plan.tiles * plan.kparts;
-
-  // Token groups go on grid.y (at most 65535 per launch; larger M takes several launches).
-  constexpr int64_t kMaxGroups = 65535;
-  const int64_t groups = (p.M + Cfg::kTokens - 1) / Cfg::kTokens;
-  for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
-    const int64_t m0 = g0 * Cfg::kTokens;
-    const int64_t rows = std::min<int64_t>(p.M - m0, kMaxGroups * Cfg::kTokens);
-    prm.a = static_cast<const T*>(p.a) + m0 * p.K;
-    prm.y = static_cast<T*>(p.y) + m0 * p.N;
-    prm.M = static_cast<int>(rows);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(plan.blocks), static_cast<unsigned>((rows + Cfg::kTokens - 1) / Cfg::kTokens),
-                       1);
-    cfg.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
-    cfg.dynamicSmemBytes = static_cast<size_t>(warps) * Cfg::kWarpBytes;
-    cfg.stream = stream;
-    cfg.attrs = &attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm);
-    if (err != cudaSuccess) return cudaGetErrorString(err);
-  }
-  return nullptr;
+  const int warps = plan.cut.tiles * plan.cut.kparts;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(plan.cut.blocks), 1, 1);
+  cfg.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
+  cfg.dynamicSmemBytes = static_cast<size_t>(warps) * Cfg::kWarpBytes;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return LaunchSlices<T>(p, Cfg::kTokens, kernel, prm, cfg);
 }
 
 template <typename T, int kBS, int kKC, bool kZp>
@@ -311,34 +306,14 @@ bool PlanSimt(const MatMulNBitsProblem& p) {
 template <typename T, int kTok>
 const char* LaunchSimt(const MatMulNBitsProblem& p, cudaStream_t stream) {
   gemv::SimtParams prm{};
-  prm.b = p.b;
-  prm.scales = p.scales;
-  prm.zero_points = p.zp_kind == ZeroPointKind::kPacked ? static_cast<const uint8_t*>(p.zero_points) : nullptr;
-  prm.bias = p.bias;
-  prm.N = static_cast<int>(p.N);
-  prm.K = static_cast<int>(p.K);
-  prm.k_blocks = static_cast<int>(p.k_blocks);
+  FillOperands(p, prm);
   prm.row_bytes = p.k_blocks * p.block_bytes;
-  prm.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
   prm.chunk_shift = p.block_size == 32 ? 0 : p.block_size == 64 ? 1 : p.block_size == 128 ? 2 : 3;
-  auto kernel = gemv::GemvSimtKernel<T, kTok>;
-  constexpr int64_t kMaxGroups = 65535;
-  const int64_t groups = (p.M + kTok - 1) / kTok;
-  for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
-    const int64_t m0 = g0 * kTok;
-    const int64_t rows = std::min<int64_t>(p.M - m0, kMaxGroups * kTok);
-    prm.a = static_cast<const T*>(p.a) + m0 * p.K;
-    prm.y = static_cast<T*>(p.y) + m0 * p.N;
-    prm.M = static_cast<int>(rows);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>((p.N + gemv::kSimtRows - 1) / gemv::kSimtRows),
-                       static_cast<unsigned>((rows + kTok - 1) / kTok), 1);
-    cfg.blockDim = dim3(32 * gemv::kSimtWarps, 1, 1);
-    cfg.stream = stream;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm);
-    if (err != cudaSuccess) return cudaGetErrorString(err);
-  }
-  return nullptr;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((p.N + gemv::kSimtRows - 1) / gemv::kSimtRows), 1, 1);
+  cfg.blockDim = dim3(32 * gemv::kSimtWarps, 1, 1);
+  cfg.stream = stream;
+  return LaunchSlices<T>(p, kTok, gemv::GemvSimtKernel<T, kTok>, prm, cfg);
 }
 
 // Tokens per pass from M: which tokens share a pass, not what any token's result is. At most 8: with
@@ -357,34 +332,14 @@ const char* DispatchSimt(const MatMulNBitsProblem& p, cudaStream_t s) {
 template <typename T, int kBits, ZeroPointKind kZk>
 const char* LaunchGeneric(const MatMulNBitsProblem& p, cudaStream_t stream) {
   gemv::GenericParams prm{};
-  prm.b = p.b;
-  prm.scales = p.scales;
-  prm.zero_points = p.zero_points;
-  prm.bias = p.bias;
-  prm.N = static_cast<int>(p.N);
-  prm.K = static_cast<int>(p.K);
+  FillOperands(p, prm);
   prm.block_size = p.block_size;
-  prm.k_blocks = static_cast<int>(p.k_blocks);
   prm.block_bytes = static_cast<int>(p.block_bytes);
-  prm.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
-  auto kernel = gemv::GemvGenericKernel<T, kBits, kZk>;
-  constexpr int64_t kMaxGroups = 65535;
-  const int64_t groups = (p.M + gemv::kGenericTokens - 1) / gemv::kGenericTokens;
-  for (int64_t g0 = 0; g0 < groups; g0 += kMaxGroups) {
-    const int64_t m0 = g0 * gemv::kGenericTokens;
-    const int64_t rows = std::min<int64_t>(p.M - m0, kMaxGroups * gemv::kGenericTokens);
-    prm.a = static_cast<const T*>(p.a) + m0 * p.K;
-    prm.y = static_cast<T*>(p.y) + m0 * p.N;
-    prm.M = static_cast<int>(rows);
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>((p.N + gemv::kGenericWarps - 1) / gemv::kGenericWarps),
-                       static_cast<unsigned>((rows + gemv::kGenericTokens - 1) / gemv::kGenericTokens), 1);
-    cfg.blockDim = dim3(32 * gemv::kGenericWarps, 1, 1);
-    cfg.stream = stream;
-    const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm);
-    if (err != cudaSuccess) return cudaGetErrorString(err);
-  }
-  return nullptr;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>((p.N + gemv::kGenericWarps - 1) / gemv::kGenericWarps), 1, 1);
+  cfg.blockDim = dim3(32 * gemv::kGenericWarps, 1, 1);
+  cfg.stream = stream;
+  return LaunchSlices<T>(p, gemv::kGenericTokens, gemv::GemvGenericKernel<T, kBits, kZk>, prm, cfg);
 }
 
 template <typename T, int kBits>
