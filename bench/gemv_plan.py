@@ -1,7 +1,7 @@
-"""Python mirror of the tensor-core MatMulNBits kernel's work decomposition (PlanStream and
-StreamChunk in csrc/matmul_nbits/matmul_nbits_cuda.cu, the per-warp ring of StreamConfig in
-gemv_stream.cuh), for the labels of bench/check_cuda_ops.py and to print the cut of the benchmark
-shapes:
+"""Python mirror of the tensor-core MatMulNBits kernel's work decomposition: gemv::CutStream and
+StreamConfig's per-warp ring (csrc/matmul_nbits/gemv_stream.cuh) with PlanStream's constants and
+StreamChunk (matmul_nbits_cuda.cu). For the labels of bench/check_cuda_ops.py, and to print the cut
+of the benchmark shapes:
 
     python bench/gemv_plan.py                 # the 27B shapes on an H200 (132 SMs)
     python bench/gemv_plan.py --sms 114 --resident 6
