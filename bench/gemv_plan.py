@@ -68,8 +68,8 @@ def plan(N: int, K: int, block: int, sms: int = 132, resident_blocks_of_4: int =
         kp -= 1
 
 
-def describe(N: int, K: int, block: int = 32, sms: int = 132) -> str:
-    p = plan(N, K, block, sms)
+def describe(N: int, K: int, block: int = 32, sms: int = 132, resident: int = 6) -> str:
+    p = plan(N, K, block, sms, resident)
     if p is None:
         return f"{N} x {K}, block {block}: not taken by the tensor-core kernel"
     return (f"{N} x {K}, block {block}: kc {p.kc}, {p.kparts} K-parts x {p.tiles} m-tiles = {p.warps} warps per "
@@ -84,9 +84,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sms", type=int, default=132)
     ap.add_argument("--block", type=int, default=32)
+    ap.add_argument("--resident", type=int, default=6, help="blocks of 4 warps that fit on an SM")
     args = ap.parse_args(argv)
     for N, K in SHAPES_27B:
-        print(describe(N, K, args.block, args.sms))
+        print(describe(N, K, args.block, args.sms, args.resident))
     return 0
 
 
