@@ -231,7 +231,9 @@ SMOKE_CASES = {  # dtype, K, N, bits, block, zero points, bias
                    ("float16", 4096, 300, 4, 128, "packed", False), # 8 K-parts
                    ("bfloat16", 4096, 200, 4, 256, None, True),     # 4 K-parts, kc 512
                    ("float16", 1280, 64, 4, 64, "packed", False),   # 2 K-parts, 5 chunks: uneven runs
-                   ("bfloat16", 8192, 700, 4, 32, "packed", False)],# 16 K-parts, 44 blocks
+                   ("bfloat16", 8192, 700, 4, 32, "packed", False), # 16 K-parts, 44 blocks
+                   ("float16", 2048, 17000, 4, 32, None, True)],    # two shapes: 521 blocks of 3 K-parts x 2
+                                                                    # m-tiles after 7 of 2 x 3 (gate_up's cut)
     # Layer-like cuts (several MB each): kept out of the memcheck run for time.
     "mma-wide": [("bfloat16", 512, 20000, 4, 32, "packed", False),  # 1 K-part x 4 m-tiles, 313 blocks
                  ("float16", 256, 67000, 4, 32, "packed", False),   # 1 K-part x 4 m-tiles, 1047 blocks
@@ -239,7 +241,9 @@ SMOKE_CASES = {  # dtype, K, N, bits, block, zero points, bias
                  ("float16", 4096, 3800, 4, 32, None, True),        # 8 K-parts, 238 blocks
                  ("bfloat16", 2048, 5120, 4, 32, None, False),      # 4 K-parts
                  ("float16", 2560, 3000, 4, 32, "packed", False),   # 5 K-parts, 2 chunks each
-                 ("bfloat16", 1024, 9000, 4, 64, "packed", True)],  # 2 K-parts x 2 m-tiles
+                 ("bfloat16", 1024, 9000, 4, 64, "packed", True),   # 2 K-parts x 2 m-tiles
+                 ("bfloat16", 1536, 30007, 4, 64, None, False)],    # two shapes: 98 blocks of 1 K-part x 6
+                                                                    # m-tiles, 430 of 2 x 3; last tile partial
     "plain": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 2048, 130, 4, 32, "packed", False),
               ("float16", 2048, 5120, 4, 32, None, False)],
     "simt": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 512, 130, 4, 32, "packed", False),

@@ -149,6 +149,7 @@ void Launch(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaS
   prm.a = a; prm.b = m.b; prm.scales = m.s; prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
   prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / kKC;
   prm.kparts = pl.cut.kparts; prm.rows_per_block = 16 * pl.cut.tiles; prm.pdl = pdl;
+  prm.alt_blocks = (int)pl.cut.alt_blocks; prm.alt_kparts = pl.cut.alt_kparts; prm.alt_rows = 16 * pl.cut.alt_tiles;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;

@@ -44,6 +44,11 @@ struct StreamParams : GemvOperands {  // zero_points: packed int4 (read only by 
   int kchunks;         // K / kKC
   int kparts;          // warps along K per m-tile (K-parts)
   int rows_per_block;  // weight rows of one block (<= tiles * 16; the rest are zero-filled)
+  // The first alt_blocks blocks have the other shape of a two-shape cut (StreamCut): alt_kparts
+  // K-parts over alt_rows rows, with the same number of warps.
+  int alt_blocks;
+  int alt_kparts;
+  int alt_rows;
   int pdl;             // 1: launched with programmatic stream serialization (griddepcontrol runs)
 };
 
@@ -76,26 +81,71 @@ struct StreamConfig {
 // fewer K-parts while the grid would need a second wave, unless N alone needs several (the lm_head).
 // resident(warps, blocks) sets how many blocks of that many warps fit on an SM and returns an error
 // or nullptr; it must not depend on M (it is the 8-token kernel's), so neither does the K-split.
+//
+// Two shapes: a one-wave cut with kparts K-parts may leave warp slots idle and the SMs unevenly loaded
+// (the 27B gate_up: 544 blocks of 2 m-tiles x 2 K-parts, 4 or 5 per SM). Blocks of W warps in two
+// shapes, most with kparts + 1 K-parts and alt_blocks with kparts (more m-tiles each), can fill every
+// slot with less per-SM imbalance (gate_up: 496 blocks of 2 x 3 and 32 of 3 x 2, 4 per SM, the most
+// loaded SM 9 m-tiles instead of 10: 20.5 -> 17.5 us per launch, device lab run 13). The cut takes
+// them when their most loaded SM (blocks dealt to SMs in index order) holds fewer m-tiles.
 struct StreamCut {
   int tiles = 0;       // m-tiles (16 rows) per block
   int kparts = 1;      // K-parts per m-tile: warps per block = tiles * kparts
-  int64_t blocks = 0;  // ceil(m-tiles / tiles)
+  int64_t blocks = 0;  // all blocks, the alt_blocks included
+  int alt_tiles = 0;   // the first alt_blocks blocks: alt_tiles m-tiles x alt_kparts K-parts, the
+  int alt_kparts = 1;  // same warps per block
+  int64_t alt_blocks = 0;
 };
+
+// M-tiles on the most loaded SM when blocks are dealt to the SMs in index order.
+inline int64_t MostTilesPerSm(const StreamCut& cut, int sms) {
+  int64_t most = 0;
+  for (int s = 0; s < sms && s < cut.blocks; ++s) {
+    const int64_t blocks = (cut.blocks - s + sms - 1) / sms;
+    const int64_t alt = cut.alt_blocks > s ? (cut.alt_blocks - s + sms - 1) / sms : 0;
+    most = std::max(most, alt * cut.alt_tiles + (blocks - alt) * cut.tiles);
+  }
+  return most;
+}
 
 template <typename Resident>
 const char* CutStream(int64_t n_tiles, int64_t kchunks, int sms, int warps_per_sm, int min_block_warps,
                       Resident&& resident, StreamCut& cut) {
   const int64_t most = std::max<int64_t>(1, std::min<int64_t>(kStreamMaxWarps, kchunks / 2));
   int kp = static_cast<int>(std::clamp<int64_t>(static_cast<int64_t>(sms) * warps_per_sm / n_tiles, 1, most));
+  bool one_wave = false;
   for (;; --kp) {
+    cut = StreamCut{};
     cut.tiles = std::min(std::max(1, min_block_warps / kp), std::max(1, kStreamMaxWarps / kp));
     cut.kparts = kp;
     cut.blocks = (n_tiles + cut.tiles - 1) / cut.tiles;
     int per_sm = 0;
     if (const char* error = resident(cut.tiles * kp, per_sm)) return error;
-    const bool one_wave = cut.blocks <= static_cast<int64_t>(sms) * per_sm;
-    if (one_wave || kp == 1 || n_tiles >= 4LL * sms * kStreamMaxWarps) return nullptr;
+    one_wave = cut.blocks <= static_cast<int64_t>(sms) * per_sm;
+    if (one_wave || kp == 1 || n_tiles >= 4LL * sms * kStreamMaxWarps) break;
   }
+  if (!one_wave || kp + 1 > most) return nullptr;
+  const int ka = kp + 1, kb = kp;  // K-parts of the two shapes: W must be a multiple of both
+  const int step = ka * kb;        // lcm of consecutive integers
+  int64_t best = MostTilesPerSm(cut, sms);
+  for (int w = step; w <= kStreamMaxWarps; w += step) {
+    if (w < min_block_warps) continue;
+    int per_sm = 0;
+    if (const char* error = resident(w, per_sm)) return error;
+    const int64_t slots = static_cast<int64_t>(sms) * per_sm;
+    const int ta = w / ka, tb = w / kb;
+    // Fewest alt blocks for all m-tiles in one wave, then as few main blocks as cover the rest.
+    const int64_t alt = std::max<int64_t>(0, (n_tiles - ta * slots + (tb - ta) - 1) / (tb - ta));
+    const int64_t main = std::max<int64_t>(0, (n_tiles - tb * alt + ta - 1) / ta);
+    if (alt == 0 || main + alt > slots) continue;
+    StreamCut two{ta, ka, main + alt, tb, kb, alt};
+    const int64_t load = MostTilesPerSm(two, sms);
+    if (load < best) {
+      best = load;
+      cut = two;
+    }
+  }
+  return nullptr;
 }
 
 // XOR swizzle of the 16-byte units of a row in a stage, so that the 8 rows an ldmatrix matrix reads
@@ -118,26 +168,39 @@ __device__ __forceinline__ void ActivationFragments(uint4 x, uint32_t (&b)[4]) {
   b[3] = Prmt(x.y, x.w, 0x7632);  // (x3, x7)
 }
 
-// Up to 128 registers (78 for the fp16 block-32 8-token kernel: 24 warps per SM). A cap of 72 or 64
-// (__maxnreg__) spilled and ran 5-30% slower (device lab run 8).
+// Register caps of the 8-token kernels, at what each needs without spilling: left alone, the compiler
+// keeps the copy addresses' per-pass offsets in registers and the fp16 block-32 kernel takes 84, i.e.
+// 20 warps per SM instead of 24 (80 = 25 warps' worth, 81 = 23). Caps below need (72 or 64 for that
+// kernel) spilled and ran 5-30% slower (device lab run 8). The 16-token kernels may use up to 128.
+template <int kKC, int kNT, bool kZp>
+constexpr int StreamMaxRegs() {
+  if (kNT != 1) return 128;
+  if (kKC == 128) return kZp ? 72 : 64;
+  if (kKC == 256) return kZp ? 104 : 80;
+  return 120;
+}
+
 template <typename T, int kBS, int kKC, int kNT, bool kZp>
-__global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const __grid_constant__ StreamParams p) {
+__global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRegs<kKC, kNT, kZp>())) GemvStreamKernel(const __grid_constant__ StreamParams p) {
   using Cfg = StreamConfig<kBS, kKC, kNT>;
   using Dq = Int4Dequant<T>;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int tile = warp / p.kparts;  // this warp's 16 rows within the block
-  const int kp = warp - tile * p.kparts;
-  const int block_row0 = static_cast<int>(blockIdx.x) * p.rows_per_block;
-  const int block_rows = min(p.rows_per_block, p.N - block_row0);  // rows this block owns
+  const int bx = static_cast<int>(blockIdx.x);
+  const bool alt = bx < p.alt_blocks;  // the other shape of a two-shape cut
+  const int kparts = alt ? p.alt_kparts : p.kparts;
+  const int tile = warp / kparts;  // this warp's 16 rows within the block
+  const int kp = warp - tile * kparts;
+  const int block_row0 = alt ? bx * p.alt_rows : p.alt_blocks * p.alt_rows + (bx - p.alt_blocks) * p.rows_per_block;
+  const int block_rows = min(alt ? p.alt_rows : p.rows_per_block, p.N - block_row0);  // rows this block owns
   const int tile_row0 = tile * Cfg::kRows;                         // first row of the tile, block-local
   const int tok0 = static_cast<int>(blockIdx.y) * Cfg::kTokens;
   const int m_count = min(Cfg::kTokens, p.M - tok0);
 
   // This warp's chunks: kchunks split into kparts runs of near-equal length, in order.
-  const int base = p.kchunks / p.kparts, extra = p.kchunks % p.kparts;
+  const int base = p.kchunks / kparts, extra = p.kchunks % kparts;
   const int c_begin = kp * base + min(kp, extra);
   const int c_count = base + (kp < extra ? 1 : 0);
 
@@ -145,36 +208,48 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const _
   const int64_t row_bytes = static_cast<int64_t>(p.K) / 2;
 
   // Copy assignment: pass j copies row r = j * kRowsPerPass + lane / kUnits of the tile, unit lane %
-  // kUnits. Rows the block does not own are zero-filled (no read). Addresses are rebuilt per copy from
-  // one base: registers, not instructions, limit the warps per SM here.
+  // kUnits. Rows the block does not own are zero-filled (no read). The copies walk running pointers
+  // and a rotating stage address, and the swizzled destinations repeat every kSwizzlePeriod passes,
+  // so they are kept in registers: rebuilding every address from the chunk index cost ~70 instructions
+  // per chunk (3.5% of the chain's time, device lab run 13).
   constexpr int kRowsPerPass = 32 / Cfg::kUnits;
+  constexpr int kPasses = Cfg::kPieces / 32;
+  constexpr int kSwizzlePeriod = Cfg::kUnits >= 8 ? 8 / kRowsPerPass : 1;  // SwizzleUnit: row & 7, or (row >> 1) & 3
   const int cu = lane % Cfg::kUnits, crow = lane / Cfg::kUnits;
-  const uint8_t* wbase = p.b + static_cast<int64_t>(block_row0 + tile_row0 + crow) * row_bytes + cu * 16;
   const int64_t pass_bytes = kRowsPerPass * row_bytes;
-  const int valid_passes =
-      min(Cfg::kPieces / 32, max(0, (block_rows - tile_row0 - crow + kRowsPerPass - 1) / kRowsPerPass));
+  const uint8_t* wnext = p.b + static_cast<int64_t>(block_row0 + tile_row0 + crow) * row_bytes + cu * 16 +
+                         static_cast<int64_t>(c_begin) * Cfg::kRowBytes;
+  uint32_t dst_in_stage[kSwizzlePeriod];
+#pragma unroll
+  for (int j = 0; j < kSwizzlePeriod; ++j) {
+    dst_in_stage[j] = static_cast<uint32_t>(crow * Cfg::kRowBytes + SwizzleUnit<Cfg::kUnits>(j * kRowsPerPass + crow, cu) * 16);
+    KeepInRegister(dst_in_stage[j]);
+  }
+  const int valid_passes = min(kPasses, max(0, (block_rows - tile_row0 - crow + kRowsPerPass - 1) / kRowsPerPass));
   // Scales: lane r < 16 copies row r's scales of the stage (kScaleBytes, one cp.async).
   const bool s_lane = lane < Cfg::kRows;
   const bool s_valid = s_lane && tile_row0 + lane < block_rows;
   const int s_row = block_row0 + (s_valid ? tile_row0 + lane : 0);
-  const uint8_t* ssrc = static_cast<const uint8_t*>(p.scales) + (static_cast<int64_t>(s_row) * p.k_blocks) * 2;
+  const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + (static_cast<int64_t>(s_row) * p.k_blocks) * 2 +
+                         static_cast<int64_t>(c_begin) * Cfg::kSpc * 2;
   const uint32_t sdst = static_cast<uint32_t>(Cfg::kWBytes + (s_lane ? lane : 0) * Cfg::kScaleBytes);
+  const uint32_t last_stage = ring + static_cast<uint32_t>((kStreamStages - 1) * Cfg::kStageBytes);
+  uint32_t fill = ring;  // the stage the next issue fills
 
-  auto issue = [&](int i) {  // chunk i of this warp's run into its stage; always commits a group
+  auto issue = [&](int i) {  // chunk i of this warp's run into the next stage; always commits a group
     if (i < c_count) {
-      const uint32_t stage = ring + static_cast<uint32_t>((i % kStreamStages) * Cfg::kStageBytes);
-      const int64_t koff = static_cast<int64_t>(c_begin + i) * Cfg::kRowBytes;
+      const uint8_t* src = wnext;
 #pragma unroll
-      for (int j = 0; j < Cfg::kPieces / 32; ++j) {
-        const int r = j * kRowsPerPass + crow;
-        const uint32_t dst = stage + static_cast<uint32_t>(r * Cfg::kRowBytes + SwizzleUnit<Cfg::kUnits>(r, cu) * 16);
+      for (int j = 0; j < kPasses; ++j) {
         const bool valid = j < valid_passes;
-        CpAsync16(dst, valid ? wbase + j * pass_bytes + koff : p.b, valid);
+        const uint32_t dst = fill + static_cast<uint32_t>(j * kRowsPerPass * Cfg::kRowBytes) + dst_in_stage[j % kSwizzlePeriod];
+        CpAsync16(dst, valid ? src : p.b, valid);
+        src += pass_bytes;
       }
-      if (s_lane) {
-        CpAsyncSmall<Cfg::kScaleBytes>(stage + sdst, ssrc + static_cast<int64_t>(c_begin + i) * Cfg::kSpc * 2,
-                                       s_valid);
-      }
+      if (s_lane) CpAsyncSmall<Cfg::kScaleBytes>(fill + sdst, snext, s_valid);
+      wnext += Cfg::kRowBytes;
+      snext += Cfg::kSpc * 2;
+      fill = fill == last_stage ? ring : fill + Cfg::kStageBytes;
     }
     CpAsyncCommit();
   };
@@ -212,6 +287,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const _
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 
+  uint32_t stage = ring;  // the stage chunk i is read from
   for (int i = 0; i < c_count; ++i) {
     const int chunk = c_begin + i;
     const int64_t k0 = static_cast<int64_t>(chunk) * kKC;
@@ -235,7 +311,6 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const _
     __syncwarp();
     issue(i + kStreamStages - 1);  // into the stage read in iteration i - 1 (all lanes are past it)
 
-    const uint32_t stage = ring + static_cast<uint32_t>((i % kStreamStages) * Cfg::kStageBytes);
     // This lane's scales (rows g and g + 8), read at the end of each quant block.
     const uint16_t* sc = reinterpret_cast<const uint16_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes) + g * Cfg::kSpc;
 
@@ -290,6 +365,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const _
         }
       }
     }
+    stage = stage == last_stage ? ring : stage + Cfg::kStageBytes;
   }
   CpAsyncWait<0>();
 
@@ -307,14 +383,14 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) GemvStreamKernel(const _
   __syncthreads();
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
-  const int tiles = static_cast<int>(blockDim.x >> 5) / p.kparts;
+  const int tiles = static_cast<int>(blockDim.x >> 5) / kparts;
   for (int o = threadIdx.x; o < tiles * kOut; o += blockDim.x) {
     const int grp = o / kOut, rem = o - grp * kOut;
     const int r = grp * Cfg::kRows + rem / Cfg::kTokens, tok = rem % Cfg::kTokens;
     if (r >= block_rows || tok >= m_count) continue;
-    const float* part = red + grp * p.kparts * kOut + rem;
+    const float* part = red + grp * kparts * kOut + rem;
     float s = part[0];
-    for (int q = 1; q < p.kparts; ++q) s += part[q * kOut];
+    for (int q = 1; q < kparts; ++q) s += part[q * kOut];
     const int row = block_row0 + r;
     if (bias) s += ToFloat<T>(bias[row]);
     y[static_cast<int64_t>(tok0 + tok) * p.N + row] = FromFloat<T>(s);

@@ -156,8 +156,9 @@ const char* LaunchSlices(const MatMulNBitsProblem& p, int tokens, void (*kernel)
 // --- tensor-core path -------------------------------------------------------------------------------
 
 // How the tensor-core kernel cuts a problem: from the weights' shape and layout and the device only,
-// never M. Only kc and kparts shape the arithmetic of a result (the K-split and its in-order sum); the
-// m-tiles per block decide which block computes a row, not how.
+// never M. Only kc and a row's K-parts (kparts, or alt_kparts in the alt blocks of a two-shape cut)
+// shape the arithmetic of a result (the K-split and its in-order sum); the m-tiles per block decide
+// which block computes a row, not how.
 struct StreamPlan {
   int kc = 0;  // k-values per pipeline stage (chunk)
   gemv::StreamCut cut;
@@ -249,6 +250,9 @@ const char* LaunchStream(const MatMulNBitsProblem& p, const StreamPlan& plan, co
   prm.kchunks = static_cast<int>(p.K / kKC);
   prm.kparts = plan.cut.kparts;
   prm.rows_per_block = 16 * plan.cut.tiles;
+  prm.alt_blocks = static_cast<int>(plan.cut.alt_blocks);
+  prm.alt_kparts = plan.cut.alt_kparts;
+  prm.alt_rows = 16 * plan.cut.alt_tiles;
   prm.pdl = pdl ? 1 : 0;
 
   cudaLaunchAttribute attr;
