@@ -44,6 +44,7 @@ odd byte counts, and in place under ORT's CUDA graph; each compared bit-exactly 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -64,7 +65,7 @@ from onnx import TensorProto, helper
 import gemv_plan
 from ort_device import BenchError, Device, device_info, out_dir
 
-from ops import nbits  # noqa: E402  (ort_device put the checkout on sys.path)
+from ops import nbits, packing  # noqa: E402  (ort_device put the checkout on sys.path)
 
 MANTISSA = {"float16": 10, "bfloat16": 7, "float32": 23}
 MIN_EXP = {"float16": -14, "bfloat16": -126, "float32": -126}
@@ -82,6 +83,9 @@ def expected_path(dtype: str, bits: int, block: int, zp: str | None, K: int, N: 
     the real K-parts can be fewer, where the compiled kernel's registers leave fewer blocks per SM).
     Assumes 16-byte aligned A and B, as the checks' buffers are."""
     fast = dtype != "float32" and bits == 4 and zp != "typed" and block in (32, 64, 128, 256)
+    if variant == "tiles":  # the tiles kernel takes the stream kernel's cut with 256-k chunks
+        plan = gemv_plan.plan(N, K, 32)
+        return f"tiles(kparts={plan.kparts},tiles={plan.tiles},blocks={plan.blocks})"
     if variant == "simt":
         return "simt" if fast and K % 32 == 0 else "generic"
     if not fast or variant == "generic":
@@ -97,11 +101,17 @@ def random_a(rng, M: int, K: int, dtype: str) -> np.ndarray:
 
 
 class MatMulRunner:
-    """One weight set as a single-node ort_mtp model, on the device under test and on the CPU EP."""
+    """One weight set as a single-node ort_mtp model, on the device under test and on the CPU EP.
+    tiles: the weights packed by ops.packing, the node with packing=1 (the CPU op reads them too)."""
 
-    def __init__(self, device: Device, w: nbits.NBitsWeights, graph: bool = False, with_cpu: bool = True):
+    def __init__(self, device: Device, w: nbits.NBitsWeights, graph: bool = False, with_cpu: bool = True,
+                 tiles: bool = False):
         self.device, self.w = device, w
-        model = nbits.single_node_model(w, domain="ort_mtp", a_shape=("M", None))
+        stored = w
+        if tiles:
+            stored = dataclasses.replace(w, b=packing.pack_b(w.b, w.N, w.K),
+                                         scales=packing.pack_scales(w.scales, w.N, w.K, w.block_size))
+        model = nbits.single_node_model(stored, domain="ort_mtp", a_shape=("M", None), packing=1 if tiles else None)
         self.session = device.session(model, graph=graph)
         self.cpu_session = device.session(model, cpu=True) if with_cpu and not graph else None
 
@@ -244,6 +254,15 @@ SMOKE_CASES = {  # dtype, K, N, bits, block, zero points, bias
                  ("bfloat16", 1024, 9000, 4, 64, "packed", True),   # 2 K-parts x 2 m-tiles
                  ("bfloat16", 1536, 30007, 4, 64, None, False)],    # two shapes: 98 blocks of 1 K-part x 6
                                                                     # m-tiles, 430 of 2 x 3; last tile partial
+    # Weights in the tiles layout (packing=1, gemv_tiles.cuh): N % 16 == 0, K % 256 == 0, no zero points.
+    "tiles": [("float16", 512, 64, 4, 32, None, True), ("bfloat16", 512, 64, 4, 32, None, False),   # 1 K-part
+              ("float16", 1024, 208, 4, 64, None, False), ("bfloat16", 1024, 208, 4, 128, None, True),
+              ("float16", 2048, 128, 4, 32, None, False),          # 4 K-parts
+              ("bfloat16", 8192, 128, 4, 64, None, True),          # 16 K-parts
+              ("float16", 1280, 64, 4, 128, None, False),          # 2 K-parts, 5 chunks: uneven runs
+              ("float16", 256, 20000, 4, 32, None, True),          # 4 m-tiles per block, several waves
+              ("float16", 2048, 17008, 4, 32, None, False),        # two shapes, the last block partial
+              ("bfloat16", 5120, 17408, 4, 32, None, True)],       # the 27B gate_up cut
     "plain": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 2048, 130, 4, 32, "packed", False),
               ("float16", 2048, 5120, 4, 32, None, False)],
     "simt": [("float16", 512, 200, 4, 32, None, True), ("bfloat16", 512, 130, 4, 32, "packed", False),
@@ -253,13 +272,14 @@ SMOKE_CASES = {  # dtype, K, N, bits, block, zero points, bias
 }
 
 
-def check_smoke(ctx: "Context", cases: list):
+def check_smoke(ctx: "Context", cases: list, tiles: bool = False):
     """Per case: M = SMOKE_MS on the same rows; M=17 against the float64 reference, every row of
-    every M bit-identical to the same row at M=17. One record per case."""
+    every M bit-identical to the same row at M=17. One record per case. tiles: the weights in the
+    tiles layout (packing=1)."""
     rng = ctx.rng
     for dtype, K, N, bits, block, zp, bias in cases:
         w = nbits.random_weights(rng, K, N, bits=bits, block_size=block, dtype=dtype, zero_points=zp, bias=bias)
-        runner = MatMulRunner(ctx.device, w, with_cpu=False)
+        runner = MatMulRunner(ctx.device, w, with_cpu=False, tiles=tiles)
         a = random_a(rng, max(SMOKE_MS), K, dtype)
         y_full = runner.run(a)
         r = compare(ctx.device.numpy(y_full), a, w)
@@ -277,7 +297,7 @@ def check_smoke(ctx: "Context", cases: list):
         elif mismatches:
             problem = f"rows differ from the M={max(SMOKE_MS)} call: {mismatches[:3]}"
         yield dict(case=case_label(dtype, K, N, bits, block, zp, bias), Ms=SMOKE_MS,
-                   path=ctx.path(dtype, bits, block, zp, K, N), accuracy=r, mismatches=mismatches, ok=ok,
+                   path=ctx.path(dtype, bits, block, zp, K, N, tiles), accuracy=r, mismatches=mismatches, ok=ok,
                    problem=problem)
 
 
@@ -528,6 +548,8 @@ GROUPS = [
     Group("smoke-simt", "CUDA-core fallback kernel (ORT_MTP_GEMV_VARIANT=simt), 1/2/4/8-token templates", True,
           {"ORT_MTP_GEMV_VARIANT": "simt"}),
     Group("smoke-generic", "general kernel: fp32, 8 bits, typed zero points, block 16, K % block != 0", True),
+    Group("smoke-tiles", "tiles kernel (packing=1, weights packed by ops.packing): fp16/bf16 x block 32/64/128, "
+          "K-parts, waves, two-shape cuts", True),
     Group("copy_slots", "CopySlots: promote in place, slot and whole copies, 150 tensors, CUDA graph", True),
     Group("matmul", "fixed coverage list + random cases vs the float64 reference and our CPU op", False),
     Group("decode", "rows bit-identical across M = 1..16, 17, 24, 33, 40 (default kernels)", False),
@@ -552,15 +574,16 @@ class Context:
         self.variant = env.get("ORT_MTP_GEMV_VARIANT", "mma")
         self.pdl = env.get("ORT_MTP_GEMV_PDL", "1") == "1"
 
-    def path(self, dtype, bits, block, zp, K, N) -> str:
-        path = expected_path(dtype, bits, block, zp, K, N, self.variant)
+    def path(self, dtype, bits, block, zp, K, N, tiles: bool = False) -> str:
+        path = expected_path(dtype, bits, block, zp, K, N, "tiles" if tiles else self.variant)
         return path + ("+pdl" if self.pdl and path.startswith("mma") else "")
 
 
 def group_records(name: str, ctx: Context, args):
     """The group's checks as an iterable of records."""
     if name.startswith("smoke-"):
-        return check_smoke(ctx, SMOKE_CASES[name[len("smoke-"):]])
+        kind = name[len("smoke-"):]
+        return check_smoke(ctx, SMOKE_CASES[kind], tiles=kind == "tiles")
     if name == "matmul":
         return check_matmul(ctx, args.random_cases)
     if name in ("decode", "decode-simt"):

@@ -3,8 +3,8 @@
 # machine code, the smoke correctness groups, the GEMV benchmark, the full correctness groups, then
 # the M-dependent indexing of the tensor-core kernel under compute-sanitizer memcheck. Most important
 # first, so that a cut-off run still has the correctness smoke and the timings. Each step is time-boxed
-# (its own cap, and never past DEADLINE seconds after the start, default 325); expected ~4.5 minutes
-# (build ~40 s, smoke ~30 s with 4 groups at a time, gemv ~140 s, full check ~40 s, memcheck ~20 s).
+# (its own cap, and never past DEADLINE seconds after the start, default 400); expected ~5.5 minutes
+# (build ~40 s, smoke ~40 s with 4 groups at a time, gemv ~180 s, full check ~40 s, memcheck ~40 s).
 # Run from the repository root after the ORT setup chunk:
 #
 #     source .device/cN/setup.sh && bash bench/device_run.sh
@@ -14,14 +14,14 @@
 # check_cuda_ops_memcheck.json (+ _logs/), steps.log (seconds per step). The output ends with the check
 # summaries, the GEMV table and the targets.
 # Environment: BUILD (build folder, default /tmp/ortmtp), DEADLINE, SKIP_MEMCHECK=1, SKIP_GEMV=1,
-# GEMV_IMPLS (comma list for gemv.py --impls; default: ort, ort_fpa_intb, ours).
+# GEMV_IMPLS (comma list for gemv.py --impls; default: ort, ort_fpa_intb, ours, ours_tiles).
 set -u
 OUT=${OUT:-$PWD/bench/results/device_run}
 BUILD=${BUILD:-/tmp/ortmtp}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
-DEADLINE=${DEADLINE:-325}
+DEADLINE=${DEADLINE:-400}
 step() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/steps.log"; }
 # cap SECONDS: the step's time limit, cut to what is left before DEADLINE (at least 10 s).
 cap() { local left=$(( DEADLINE - ($(date +%s) - T0) )); (( left < $1 )) && echo $(( left > 10 ? left : 10 )) || echo "$1"; }
@@ -45,7 +45,7 @@ echo "smoke check exit $?"
 
 if [ "${SKIP_GEMV:-0}" != 1 ]; then
   step "gemv benchmark"
-  timeout -k 5 "$(cap 190)" python3 bench/gemv.py ${GEMV_IMPLS:+--impls "$GEMV_IMPLS"} > "$OUT/gemv.log" 2>&1
+  timeout -k 5 "$(cap 230)" python3 bench/gemv.py ${GEMV_IMPLS:+--impls "$GEMV_IMPLS"} > "$OUT/gemv.log" 2>&1
   echo "gemv exit $?"
 fi
 
@@ -55,9 +55,9 @@ timeout -k 5 "$(cap 100)" python3 bench/check_cuda_ops.py --groups matmul,decode
 echo "full check exit $?"
 
 if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
-  step "memcheck: tensor-core kernel, small cases (tokens past M, row ranges, activation copies)"
-  timeout -k 5 "$(cap 60)" python3 bench/check_cuda_ops.py --groups smoke-mma,smoke-mma-kparts \
-    --sanitizer memcheck --jobs 2 --group-timeout 55 > "$OUT/memcheck.log" 2>&1
+  step "memcheck: tensor-core kernels, small cases (tokens past M, row ranges, activation copies)"
+  timeout -k 5 "$(cap 90)" python3 bench/check_cuda_ops.py --groups smoke-mma,smoke-mma-kparts,smoke-tiles \
+    --sanitizer memcheck --jobs 3 --group-timeout 85 > "$OUT/memcheck.log" 2>&1
   echo "memcheck exit $?"
 fi
 step "done"

@@ -26,6 +26,7 @@ default kernel, and that our rows are bit-identical across M.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
@@ -43,21 +44,24 @@ from onnx import TensorProto, helper
 from ort_device import BenchError, Device, device_info, out_dir
 
 import ops  # noqa: E402
+from ops import packing  # noqa: E402
 
 MS = [1, 2, 3, 4, 6, 8, 12, 16]
 BLOCK = 32
 TARGET_BYTES = 256e6  # per timed run of a single-shape workload
 SAMPLE_COLUMNS = 1024  # output columns kept for the correctness comparison
 
-IMPLS = {  # name -> (node domain, environment)
+TILES_MODEL = "tiles"  # the ort_mtp model on weights packed by ops.packing (packing=1)
+IMPLS = {  # name -> (model: node domain or TILES_MODEL, environment)
     "ort": ("com.microsoft", {}),
     "ort_fpa_intb": ("com.microsoft", {"ORT_FPA_INTB_GEMM": "1"}),
     "ours": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "1"}),
+    "ours_tiles": (TILES_MODEL, {"ORT_MTP_GEMV_PDL": "1"}),
     "ours_nopdl": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "0"}),
     "ours_simt": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "simt"}),
     "ours_generic": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "generic"}),
 }
-DEFAULT_IMPLS = ["ort", "ort_fpa_intb", "ours"]
+DEFAULT_IMPLS = ["ort", "ort_fpa_intb", "ours", "ours_tiles"]
 ENV_KEYS = ("ORT_FPA_INTB_GEMM", "ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL")
 
 
@@ -95,8 +99,10 @@ def _external(name: str, dims, elem: int, location: str, offset: int, length: in
     return t
 
 
-def write_workload(folder: Path, w: dict, seed: int) -> dict:
-    """Writes weights.bin plus one model per node domain; returns the workload's plan entry."""
+def write_workload(folder: Path, w: dict, seed: int, tiles: bool = False) -> dict:
+    """Writes weights.bin plus one model per node domain (tiles: also weights_tiles.bin, the same
+    weights packed by ops.packing, at the same offsets, and its model); returns the workload's plan
+    entry."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     if w["kind"] == "chain":
@@ -107,19 +113,25 @@ def write_workload(folder: Path, w: dict, seed: int) -> dict:
         copies = w.get("copies") or max(1, min(64, round(TARGET_BYTES / (weight + scale))))
         nodes = [(K, N)] * copies
     offsets, offset = [], 0
-    with open(folder / "weights.bin", "wb") as f:
+    with open(folder / "weights.bin", "wb") as f, \
+            (open(folder / "weights_tiles.bin", "wb") if tiles else contextlib.nullcontext()) as ft:
         for K, N in nodes:
             k_blocks = K // BLOCK
             b = np.frombuffer(rng.bytes(N * k_blocks * BLOCK // 2), dtype=np.uint8)
             # |scale| ~ 1 / (5.3 sqrt(K)) keeps RMS(Y) ~ RMS(A) (q - 8 has RMS ~4.6), so a chain stays O(1).
             scales = (rng.uniform(0.5, 1.5, size=N * k_blocks) * rng.choice([-1.0, 1.0], size=N * k_blocks)
                       / (5.3 * math.sqrt(K))).astype(np.float16)
+            packed = {}
+            if tiles:
+                packed = {"B": packing.pack_b(b, N, K), "scales": packing.pack_scales(scales, N, K, BLOCK)}
             entry = {}
             for key, data in (("B", b), ("scales", scales)):
                 pad = (-offset) % 65536
-                f.write(b"\0" * pad)
+                for out, values in ((f, data), (ft, packed.get(key))):
+                    if values is not None:
+                        out.write(b"\0" * pad)
+                        out.write(values.tobytes())
                 offset += pad
-                f.write(data.tobytes())
                 entry[key] = (offset, data.nbytes)
                 offset += data.nbytes
             offsets.append(entry)
@@ -127,23 +139,27 @@ def write_workload(folder: Path, w: dict, seed: int) -> dict:
     for domain in ("com.microsoft", ops.DOMAIN):
         models[domain] = str(folder / f"model_{domain.replace('.', '_')}.onnx")
         onnx.save(_graph(w["kind"], nodes, offsets, domain), models[domain])
+    if tiles:
+        models[TILES_MODEL] = str(folder / "model_tiles.onnx")
+        onnx.save(_graph(w["kind"], nodes, offsets, ops.DOMAIN, "weights_tiles.bin", packing=1), models[TILES_MODEL])
     weight_bytes = sum(sum(node_bytes(K, N)) for K, N in nodes)
     K0, N_last = nodes[0][0], nodes[-1][1]
     return dict(name=w["name"], kind=w["kind"], nodes=nodes, K=K0, N=N_last, bytes_per_run=weight_bytes,
                 models=models, weights=str(folder / "weights.bin"), offsets=offsets)
 
 
-def _graph(kind: str, nodes, offsets, domain: str) -> onnx.ModelProto:
+def _graph(kind: str, nodes, offsets, domain: str, data: str = "weights.bin", **attrs) -> onnx.ModelProto:
     inits, graph_nodes, outputs = [], [], []
     K0 = nodes[0][0]
     x = "A"
     for i, ((K, N), entry) in enumerate(zip(nodes, offsets)):
         k_blocks = K // BLOCK
-        inits.append(_external(f"B{i}", [N, k_blocks, BLOCK // 2], TensorProto.UINT8, "weights.bin", *entry["B"]))
-        inits.append(_external(f"scales{i}", [N, k_blocks], TensorProto.FLOAT16, "weights.bin", *entry["scales"]))
+        inits.append(_external(f"B{i}", [N, k_blocks, BLOCK // 2], TensorProto.UINT8, data, *entry["B"]))
+        inits.append(_external(f"scales{i}", [N, k_blocks], TensorProto.FLOAT16, data, *entry["scales"]))
         y = f"Y{i}" if kind == "parallel" or i == len(nodes) - 1 else f"h{i}"
         graph_nodes.append(helper.make_node("MatMulNBits", [x if kind == "chain" else "A", f"B{i}", f"scales{i}"],
-                                            [y], name=f"matmul{i}", domain=domain, K=K, N=N, bits=4, block_size=BLOCK))
+                                            [y], name=f"matmul{i}", domain=domain, K=K, N=N, bits=4, block_size=BLOCK,
+                                            **attrs))
         if kind == "parallel" or i == len(nodes) - 1:
             outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT16, ["M", N]))
         x = y
@@ -410,7 +426,7 @@ def targets(table: dict) -> list[tuple[str, bool | None, str]]:
 def format_table(plan: dict, table: dict, impls: list[str]) -> str:
     """us per run for every implementation; for ours also GB/s, % of the copy ceiling, and its time
     over our M=1 time and over ORT default's time at the same M (< 1: ours is faster)."""
-    short = {"ort": "ort", "ort_fpa_intb": "fpA_intB", "ours": "ours", "ours_nopdl": "nopdl",
+    short = {"ort": "ort", "ort_fpa_intb": "fpA_intB", "ours": "ours", "ours_tiles": "tiles", "ours_nopdl": "nopdl",
              "ours_simt": "simt", "ours_generic": "generic"}
     lines = [f"{'us per run':<12}{'M':>3}" + "".join(f"{short.get(i, i)[:9]:>10}" for i in impls)
              + "  ours: GB/s  %ceil t/tM1 t/tORT"]
@@ -483,7 +499,7 @@ def parent(args) -> int:
             "probe_prefix": str(scratch / "probe_"),
             "sample_seconds": 0.002 if args.cpu_dry_run else 0.004, "workloads": []}
     for i, w in enumerate(chosen):
-        entry = write_workload(scratch / w["name"], w, args.seed + 100 * i)
+        entry = write_workload(scratch / w["name"], w, args.seed + 100 * i, tiles="ours_tiles" in impls)
         rng = np.random.default_rng(args.seed + i)
         n_out = entry["nodes"][0][1] if w["kind"] == "parallel" else entry["N"]
         entry["sample_columns"] = sorted(rng.choice(n_out, size=min(SAMPLE_COLUMNS, n_out), replace=False).tolist())

@@ -2,10 +2,11 @@
 // 27B-class shapes, for choosing its decomposition in one device call. Not part of the product; the
 // product's benchmark is bench/gemv.py (ORT sessions, ORT's kernels in the same run).
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o /tmp/gemv_lab bench/gemv_lab.cu && /tmp/gemv_lab [--quick]
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -Ibench -o /tmp/gemv_lab bench/gemv_lab.cu && /tmp/gemv_lab [--quick]
 //
-// The kernel is the product's (fp16, block 32, chunk 256, no zero points); what varies is the plan's two
-// constants (warps per SM aimed at, warps per block). Device lab runs 1-5 (bench/results/2026-11-29-lab)
+// The kernels are the product's (fp16, block 32, chunk 256, no zero points): the stream kernel on
+// MatMulNBits' layout and, without --quick, the tiles kernel (gemv_tiles.cuh) on the same weights in
+// the tiles layout (packing=1, made on the device by lab/gemv_repacked.cuh), with the same plan. Device lab runs 1-5 (bench/results/2026-11-29-lab)
 // ran earlier versions of this file with kernel variants as template parameters (bench/NOTES.md,
 // version 3). What it does, per configuration:
 //   1. correctness on gate_up (17408 x 5120), down (5120 x 17408) and lm_head (248320 x 5120) at M = 8
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "matmul_nbits/gemv_stream.cuh"
+#include "lab/gemv_repacked.cuh"
 
 using namespace ort_mtp::gemv;
 
@@ -45,6 +47,8 @@ struct Mat {
   int N, K;
   uint8_t* b;
   __half* s;
+  uint8_t* bp = nullptr;  // the same weights and scales in the tiles layout (lab/gemv_repacked.cuh)
+  __half* sp = nullptr;
 };
 
 __global__ void FillBytes(uint8_t* p, size_t n, uint32_t seed) {
@@ -99,6 +103,7 @@ __global__ void ReadKernel(const uint4* p, size_t n16, uint32_t* sink, int pdl) 
 struct Cfg {
   int wps;        // warps per SM the plan aims at (the op: kStreamWarpsPerSm = 24)
   int min_warps;  // warps per block the plan fills with m-tiles (the op: kStreamMinBlockWarps = 4)
+  int repacked = 0;  // 1: the op's tiles kernel (gemv_tiles.cuh) on the weights in the tiles layout
 };
 
 struct Plan {
@@ -126,13 +131,14 @@ Plan MakePlan(int N, int K, int kc, const Cfg& c, int warp_bytes, Kernel kernel8
   return p;
 }
 
-template <int kNT>
-void Launch(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out = nullptr) {
+template <int kNT, bool kRepacked>
+void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out) {
   constexpr int kKC = 256;
   using C = StreamConfig<kBS, kKC, kNT>;
-  auto kernel = GemvStreamKernel<__half, kBS, kKC, kNT, false>;
+  static_assert(StreamConfig<kBS, kKC, 1>::kWarpBytes == TilesConfig<kBS>::kWarpBytes, "the same ring per warp");
+  auto kernel = kRepacked ? GemvTilesKernel<__half, kBS, kNT> : GemvStreamKernel<__half, kBS, kKC, kNT, false>;
   // The plan comes from the 8-token kernel whatever M is: the K-split must not depend on M.
-  auto kernel8 = GemvStreamKernel<__half, kBS, kKC, 1, false>;
+  auto kernel8 = kRepacked ? GemvTilesKernel<__half, kBS, 1> : GemvStreamKernel<__half, kBS, kKC, 1, false>;
   static bool configured = false;
   if (!configured) {
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
@@ -146,7 +152,8 @@ void Launch(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaS
   Plan pl = MakePlan(m.N, m.K, kKC, c, StreamConfig<kBS, kKC, 1>::kWarpBytes, kernel8);
   if (out) *out = pl;
   StreamParams prm{};
-  prm.a = a; prm.b = m.b; prm.scales = m.s; prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
+  prm.a = a; prm.b = kRepacked ? m.bp : m.b; prm.scales = kRepacked ? m.sp : m.s;
+  prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
   prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / kKC;
   prm.kparts = pl.cut.kparts; prm.rows_per_block = 16 * pl.cut.tiles; prm.pdl = pdl;
   prm.alt_blocks = (int)pl.cut.alt_blocks; prm.alt_kparts = pl.cut.alt_kparts; prm.alt_rows = 16 * pl.cut.alt_tiles;
@@ -165,8 +172,13 @@ void Launch(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaS
 }
 
 void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out = nullptr) {
-  if (M > 8) Launch<2>(m, a, y, M, c, st, pdl, out);
-  else Launch<1>(m, a, y, M, c, st, pdl, out);
+  if (c.repacked) {
+    if (M > 8) LaunchT<2, true>(m, a, y, M, c, st, pdl, out);
+    else LaunchT<1, true>(m, a, y, M, c, st, pdl, out);
+  } else {
+    if (M > 8) LaunchT<2, false>(m, a, y, M, c, st, pdl, out);
+    else LaunchT<1, false>(m, a, y, M, c, st, pdl, out);
+  }
 }
 
 double Median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
@@ -204,6 +216,10 @@ Mat NewMat(int N, int K, uint32_t seed) {
   // |q - 8| ~ 4.6 on average: scales ~ 1 / (4.6 sqrt(K)) keep outputs ~ inputs through the chain.
   const float s = 1.0f / (4.6f * std::sqrt((float)K));
   FillHalf<<<2048, 256>>>(m.s, (size_t)N * (K / kBS), seed ^ 0x9e3779b9u, 0.5f * s, 1.5f * s);
+  CK(cudaMalloc(&m.bp, (size_t)N * K / 2));
+  CK(cudaMalloc(&m.sp, (size_t)N * (K / kBS) * 2));
+  lab::RepackWeights<<<2048, 256>>>(m.b, m.bp, N, K);
+  lab::RepackScales<<<2048, 256>>>(m.s, m.sp, N, K);
   CK(cudaGetLastError());
   return m;
 }
@@ -325,7 +341,7 @@ int main(int argc, char** argv) {
   if (quick) {
     cfgs = {{24, 4}};
   } else {
-    cfgs = {{24, 4}, {24, 2}, {16, 4}, {32, 4}};
+    cfgs = {{24, 4, 0}, {24, 4, 1}};  // the op's stream kernel; its tiles kernel (packing=1)
   }
   std::printf("\n%-12s %-44s %8s %8s %8s %8s %8s | %8s %8s %8s\n", "wps minw", "plan gu/down/head tilesxkp/blk/SM",
               "M=1", "M=2", "M=4", "M=8", "M=16", "head M=1", "M=8", "M=16");
@@ -341,7 +357,7 @@ int main(int argc, char** argv) {
     bool ok = Check("gate_up", chain[0], c1, st) & Check("down", chain[1], c1, st);
     if (!quick || &c == &cfgs[0]) ok &= Check("lm_head", head, c1, st);
     char label[96], plan[96];
-    std::snprintf(label, sizeof label, "%d %d%s", c.wps, c.min_warps, ok ? "" : " FAIL");
+    std::snprintf(label, sizeof label, "%d %d%s%s", c.wps, c.min_warps, c.repacked ? " rp" : "", ok ? "" : " FAIL");
     std::snprintf(plan, sizeof plan, "%dx%d/%d/%.2fw %dx%d/%d/%.2fw %dx%d/%.1fw", pg.cut.tiles, pg.cut.kparts,
                   (int)pg.cut.blocks, pg.waves, pd.cut.tiles, pd.cut.kparts, (int)pd.cut.blocks, pd.waves, ph.cut.tiles,
                   ph.cut.kparts, ph.waves);
@@ -396,7 +412,7 @@ int main(int argc, char** argv) {
                       pl.cut.blocks / (double)g_sms, us,
                       Bytes(ms[0]) / us / 1e3);
         }
-        for (auto& m : ms) { CK(cudaFree(m.b)); CK(cudaFree(m.s)); }
+        for (auto& m : ms) { CK(cudaFree(m.b)); CK(cudaFree(m.s)); CK(cudaFree(m.bp)); CK(cudaFree(m.sp)); }
       }
     }
   }

@@ -172,9 +172,11 @@ def tensor(name: str, values: np.ndarray, dtype: str | None = None) -> onnx.Tens
 
 def single_node_model(w: NBitsWeights, *, domain: str = "com.microsoft", a_shape=("M", None),
                       accuracy_level: int | None = None, node_name: str = "matmul",
-                      flat_scales: bool = False, float32_io: bool = False) -> onnx.ModelProto:
+                      flat_scales: bool = False, float32_io: bool = False,
+                      packing: int | None = None) -> onnx.ModelProto:
     """A model with one MatMulNBits node of `domain`: input A [*a_shape] (None = K), output Y.
-    Weights are initializers. float32_io: A and Y are float32, cast to and from w.dtype around the
+    Weights are initializers, as they are in `w` (packing only sets the attribute: ops.packing
+    regroups the weights). float32_io: A and Y are float32, cast to and from w.dtype around the
     node (how bfloat16 is fed from numpy, which has no bfloat16). ir_version 10 because ONNX Runtime
     1.31 refuses newer IR versions."""
     elem = ELEM_TYPES[w.dtype]
@@ -199,6 +201,8 @@ def single_node_model(w: NBitsWeights, *, domain: str = "com.microsoft", a_shape
     attrs = dict(K=w.K, N=w.N, bits=w.bits, block_size=w.block_size)
     if accuracy_level is not None:
         attrs["accuracy_level"] = accuracy_level
+    if packing is not None:
+        attrs["packing"] = packing
     nodes = [helper.make_node("MatMulNBits", inputs, [y_name], name=node_name, domain=domain, **attrs)]
     if float32_io:
         nodes.insert(0, helper.make_node("Cast", ["A"], [a_name], to=elem))

@@ -26,6 +26,7 @@ ONNXTensorElementDataType OnnxType(ElemType t) {
 
 struct Attrs {
   int64_t K = 0, N = 0, bits = 0, block_size = 0, accuracy_level = 0;
+  int64_t packing = 0;  // WeightLayout: 0 row-major (com.microsoft's), 1 tiles (ops.packing wrote B and scales)
 };
 
 // True when the node has attribute `name` with a type other than int (float, string or a list). A
@@ -76,6 +77,17 @@ Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
     Fail(where, "attribute block_size must be a power of two in [16, 256], got " + std::to_string(bs));
   if (a.accuracy_level < 0 || a.accuracy_level > 4)
     Fail(where, "attribute accuracy_level must be in [0, 4], got " + std::to_string(a.accuracy_level));
+  a.packing = OptionalInt(info, where, "packing", 0);
+  if (a.packing != 0 && a.packing != 1)
+    Fail(where, "attribute packing must be 0 (row-major) or 1 (tiles), got " + std::to_string(a.packing));
+  if (a.packing == 1) {
+    const std::string tiles = "packing=1 (tiles) needs ";
+    if (a.bits != 4) Fail(where, tiles + "bits=4, got bits=" + std::to_string(a.bits));
+    if (bs != 32 && bs != 64 && bs != 128)
+      Fail(where, tiles + "block_size 32, 64 or 128, got " + std::to_string(bs));
+    if (a.K % kTileK != 0) Fail(where, tiles + "K a multiple of 256, got K=" + std::to_string(a.K));
+    if (a.N % kTileRows != 0) Fail(where, tiles + "N a multiple of 16, got N=" + std::to_string(a.N));
+  }
   return a;
 }
 
@@ -118,6 +130,11 @@ void CheckWeights(const std::string& where, const Attrs& at, ElemType type, cons
   p.block_bytes = at.block_size * at.bits / 8;
   p.zp_row_bytes = (p.k_blocks * at.bits + 7) / 8;
   p.type = type;
+  p.layout = at.packing == 1 ? WeightLayout::kTiles : WeightLayout::kRowMajor;
+  if (at.packing == 1 && type == ElemType::kFloat32)
+    Fail(where, "packing=1 (tiles) needs float16 or bfloat16 activations, got float");
+  if (at.packing == 1 && w.zp.present)
+    Fail(where, "packing=1 (tiles) does not take zero_points (symmetric weights only)");
   const std::string t = TypeName(OnnxType(type));
   const std::string kn = " for K=" + std::to_string(at.K) + ", N=" + std::to_string(at.N) +
                          ", block_size=" + std::to_string(at.block_size) + ", bits=" + std::to_string(at.bits);
@@ -170,6 +187,8 @@ struct MatMulNBitsKernel {
     if (n_inputs > kGIdx && !info.GetInputName(kGIdx).empty())
       Fail(where_, "input g_idx (act-order / grouped index) is not supported; export without act-order",
            ORT_NOT_IMPLEMENTED);
+    if (attrs_.packing == 1 && n_inputs > kZeroPoints && !info.GetInputName(kZeroPoints).empty())
+      Fail(where_, "packing=1 (tiles) does not take zero_points (symmetric weights only)");
     // Validate initializer shapes now, so a bad model fails at session creation.
     auto constant = [&](int index) -> TensorDesc {
       if (static_cast<size_t>(index) >= n_inputs || info.GetInputName(index).empty()) return {};

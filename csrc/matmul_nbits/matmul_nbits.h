@@ -17,6 +17,42 @@ enum class ZeroPointKind : int {
   kTyped = 2,   // same element type as A (a real-valued zero point): [N, k_blocks]
 };
 
+// How B and scales are laid out (the op's `packing` attribute).
+//   kRowMajor (0): com.microsoft::MatMulNBits' layout, above.
+//   kTiles (1): the same bytes and scales regrouped for the tensor-core kernel (gemv_tiles.cuh), written
+//     once by ops.packing (Python). Needs 4 bits, block 32/64/128, K % 256 == 0, N % 16 == 0, no zero
+//     points, fp16/bf16. Per tile-chunk (16 rows x 256 k: m-tile T = n / 16, chunk c = k / 256, in
+//     order T * (K / 256) + c): 2048 bytes of B, 16 rows x (256 / block_size) scales. Inside the 2048
+//     bytes, word (j, lane, w) at 4 * (128 j + 4 lane + w) holds row g + 8 (j % 2) (g = lane / 4) of the
+//     tile, k 32 u + 8 t .. + 7 (u = 4 (j / 2) + w, t = lane % 4) of the chunk, its nibbles in the
+//     order k 0, 2, 4, 6, 1, 3, 5, 7: a warp lane's mma fragments are one 16-byte read, and the int4 ->
+//     fp16 conversion hands out pairs of adjacent k, as the activations come. Scales: row r's at
+//     r * (256 / block_size) within the tile-chunk's.
+enum class WeightLayout : int { kRowMajor = 0, kTiles = 1 };
+
+constexpr int kTileRows = 16;
+constexpr int kTileK = 256;
+constexpr int kTileBytes = kTileRows * kTileK / 2;
+
+// kTiles: byte of B and nibble shift (0 or 4) holding element (n, k); index of scale (n, block).
+inline int64_t TilesByte(int64_t K, int64_t n, int64_t k, int& shift) {
+  constexpr int kPos[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble position of a word's k-th element
+  const int64_t tile_chunk = (n / kTileRows) * (K / kTileK) + k / kTileK;
+  const int r = static_cast<int>(n % kTileRows), kk = static_cast<int>(k % kTileK);
+  const int u = kk / 32, t = (kk % 32) / 8, e = kk % 8;
+  const int j = 2 * (u / 4) + r / 8, lane = 4 * (r % 8) + t, w = u % 4;
+  const int pos = kPos[e];
+  shift = 4 * (pos & 1);
+  return tile_chunk * kTileBytes + 4 * (128 * j + 4 * lane + w) + pos / 2;
+}
+
+inline int64_t TilesScale(int64_t K, int block_size, int64_t n, int64_t block) {
+  const int per_row = kTileK / block_size;
+  const int64_t k = block * block_size;
+  const int64_t tile_chunk = (n / kTileRows) * (K / kTileK) + k / kTileK;
+  return (tile_chunk * kTileRows + n % kTileRows) * per_row + (k % kTileK) / block_size;
+}
+
 struct MatMulNBitsProblem {
   int64_t M = 0;           // rows of A (all leading dims of A flattened)
   int64_t N = 0;           // output features
@@ -28,11 +64,12 @@ struct MatMulNBitsProblem {
   int64_t zp_row_bytes = 0;  // bytes per row of packed zero points (kPacked only)
   ElemType type = ElemType::kFloat32;
   ZeroPointKind zp_kind = ZeroPointKind::kNone;
+  WeightLayout layout = WeightLayout::kRowMajor;
   bool weights_constant = false;  // B, scales, zero_points are session constants (initializers)
 
   const void* a = nullptr;            // [M, K] of `type`
-  const uint8_t* b = nullptr;         // [N, k_blocks, block_bytes]
-  const void* scales = nullptr;       // [N, k_blocks] of `type`
+  const uint8_t* b = nullptr;         // [N, k_blocks, block_bytes] (kTiles: the same bytes regrouped)
+  const void* scales = nullptr;       // [N, k_blocks] of `type` (kTiles: regrouped)
   const void* zero_points = nullptr;  // see ZeroPointKind, or nullptr
   const void* bias = nullptr;         // [N] of `type`, or nullptr
   void* y = nullptr;                  // [M, N] of `type`

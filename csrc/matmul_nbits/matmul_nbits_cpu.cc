@@ -35,6 +35,13 @@ inline int Quant(const MatMulNBitsProblem& p, const uint8_t* row, int64_t k) {
   return (k & 1) ? (byte >> 4) : (byte & 0x0F);
 }
 
+// The same for the kTiles layout (4 bits).
+inline int TilesQuant(const MatMulNBitsProblem& p, int64_t n, int64_t k) {
+  int shift = 0;
+  const int64_t byte = TilesByte(p.K, n, k, shift);
+  return (p.b[byte] >> shift) & 0x0F;
+}
+
 template <typename T>
 float ZeroPoint(const MatMulNBitsProblem& p, int64_t n, int64_t block) {
   switch (p.zp_kind) {
@@ -59,14 +66,15 @@ void ComputeRows(const MatMulNBitsProblem& p, int64_t n_begin, int64_t n_end) {
   const T* bias = static_cast<const T*>(p.bias);
   T* y = static_cast<T*>(p.y);
   std::vector<float> w(static_cast<size_t>(p.K));
+  const bool tiles = p.layout == WeightLayout::kTiles;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const uint8_t* row = p.b + n * p.k_blocks * p.block_bytes;
     for (int64_t blk = 0; blk < p.k_blocks; ++blk) {
-      const float scale = ToFloat(scales[n * p.k_blocks + blk]);
+      const float scale = ToFloat(scales[tiles ? TilesScale(p.K, p.block_size, n, blk) : n * p.k_blocks + blk]);
       const float zp = ZeroPoint<T>(p, n, blk);
       const int64_t k_end = std::min<int64_t>(p.K, (blk + 1) * p.block_size);
       for (int64_t k = blk * p.block_size; k < k_end; ++k) {
-        w[k] = (static_cast<float>(Quant(p, row, k)) - zp) * scale;
+        w[k] = (static_cast<float>(tiles ? TilesQuant(p, n, k) : Quant(p, row, k)) - zp) * scale;
       }
     }
     const double b = bias ? static_cast<double>(ToFloat(bias[n])) : 0.0;

@@ -1,5 +1,8 @@
 // CUDA path of MatMulNBits: picks a kernel for the problem and launches it on the session's stream.
 //
+//   gemv_tiles.cuh    tensor-core kernel for weights in the tiles layout (packing=1), the only kernel
+//                     for them: fp16/bf16, 4 bits, block 32..128, no zero points, 16-byte aligned A and
+//                     B, 8-byte aligned scales.
 //   gemv_stream.cuh   tensor-core kernel, the fast path: fp16/bf16, 4 bits, block 32..256, no or packed
 //                     zero points, K a multiple of the chunk (128..512), 16-byte aligned A and B.
 //   gemv_simt.cuh     CUDA-core kernel, the fallback fast path (ORT_MTP_GEMV_VARIANT=simt): fp16/bf16,
@@ -14,7 +17,7 @@
 // Knobs, read once per process (for benchmarking the variants in one device run):
 //   ORT_MTP_GEMV_VARIANT = mma (default) | simt | generic
 //       mma: the tensor-core kernel; simt: the CUDA-core kernel instead; generic: the general kernel
-//       for everything (a baseline).
+//       for everything (a baseline). Weights in the tiles layout always take gemv_tiles.cuh.
 //   ORT_MTP_GEMV_PDL = 1 (default) | 0
 //       1: launch the tensor-core kernel with programmatic stream serialization, so its weight
 //       prefetch overlaps the previous kernel's tail (only when B, scales and zero points are session
@@ -31,6 +34,7 @@
 #include "matmul_nbits/gemv_generic.cuh"
 #include "matmul_nbits/gemv_simt.cuh"
 #include "matmul_nbits/gemv_stream.cuh"
+#include "matmul_nbits/gemv_tiles.cuh"
 #include "matmul_nbits/matmul_nbits.h"
 
 namespace ort_mtp {
@@ -296,6 +300,77 @@ const char* DispatchStream(const MatMulNBitsProblem& p, const DeviceInfo& dev, b
   return "internal error: block size without a tensor-core kernel";
 }
 
+// --- tiles layout (packing=1) -----------------------------------------------------------------------
+
+// The tiles kernel's cut: gemv::CutStream with the stream kernel's constants, residency from the
+// 8-token tiles kernel whatever M is.
+template <typename T, int kBS>
+const char* PlanTiles(const MatMulNBitsProblem& p, const DeviceInfo& dev, gemv::StreamCut& cut) {
+  using Cfg = gemv::TilesConfig<kBS>;
+  auto kernel8 = gemv::GemvTilesKernel<T, kBS, 1>;
+  static std::atomic<uint64_t> configured{0};
+  if (const char* error = ConfigureOnce(kernel8, configured, dev)) return error;
+  return gemv::CutStream(
+      p.N / kTileRows, p.K / kTileK, dev.sm_count, kStreamWarpsPerSm, kStreamMinBlockWarps,
+      [&](int warps, int& per_sm) {
+        return ResidentBlocks(kernel8, dev.index, warps, warps * Cfg::kWarpBytes, per_sm);
+      },
+      cut);
+}
+
+template <typename T, int kBS, int kNT>
+const char* LaunchTiles(const MatMulNBitsProblem& p, const gemv::StreamCut& cut, const DeviceInfo& dev, bool pdl,
+                        cudaStream_t stream) {
+  using Cfg = gemv::TilesConfig<kBS>;
+  auto kernel = gemv::GemvTilesKernel<T, kBS, kNT>;
+  static std::atomic<uint64_t> configured{0};
+  if (const char* error = ConfigureOnce(kernel, configured, dev)) return error;
+  gemv::StreamParams prm{};
+  FillOperands(p, prm);
+  prm.kchunks = static_cast<int>(p.K / kTileK);
+  prm.kparts = cut.kparts;
+  prm.rows_per_block = kTileRows * cut.tiles;
+  prm.alt_blocks = static_cast<int>(cut.alt_blocks);
+  prm.alt_kparts = cut.alt_kparts;
+  prm.alt_rows = kTileRows * cut.alt_tiles;
+  prm.pdl = pdl ? 1 : 0;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  const int warps = cut.tiles * cut.kparts;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(cut.blocks), 1, 1);
+  cfg.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
+  cfg.dynamicSmemBytes = static_cast<size_t>(warps) * Cfg::kWarpBytes;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return LaunchSlices<T>(p, 8 * kNT, kernel, prm, cfg);
+}
+
+template <typename T, int kBS>
+const char* DispatchTilesPlan(const MatMulNBitsProblem& p, const DeviceInfo& dev, bool pdl, cudaStream_t s) {
+  gemv::StreamCut cut;
+  if (const char* error = PlanTiles<T, kBS>(p, dev, cut)) return error;
+  // 8 or 16 tokens per pass: the token tile changes which mma column a row lands in, not its result.
+  return p.M > 8 ? LaunchTiles<T, kBS, 2>(p, cut, dev, pdl, s) : LaunchTiles<T, kBS, 1>(p, cut, dev, pdl, s);
+}
+
+// The op has checked the layout's shape rules (bits, block size, K, N, type, no zero points); what
+// is left is the device and the buffers' alignment, which no other kernel could make up for.
+template <typename T>
+const char* DispatchTiles(const MatMulNBitsProblem& p, const DeviceInfo& dev, bool pdl, cudaStream_t s) {
+  if (dev.cc_major < 8) return "packing=1 (tiles) needs a GPU of compute capability 8.0 or newer";
+  if (!Aligned(p.a, 16) || !Aligned(p.b, 16) || !Aligned(p.scales, 8))
+    return "packing=1 (tiles) needs A and B 16-byte aligned and scales 8-byte aligned";
+  switch (p.block_size) {
+    case 32: return DispatchTilesPlan<T, 32>(p, dev, pdl, s);
+    case 64: return DispatchTilesPlan<T, 64>(p, dev, pdl, s);
+    case 128: return DispatchTilesPlan<T, 128>(p, dev, pdl, s);
+  }
+  return "internal error: block size without a tiles kernel";
+}
+
 // --- CUDA-core fallback path ------------------------------------------------------------------------
 
 // Whether the CUDA-core kernel takes the problem. M plays no part.
@@ -372,6 +447,11 @@ const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream) {
   DeviceInfo dev;
   if (const char* error = CurrentDeviceInfo(dev)) return error;
 
+  if (p.layout == WeightLayout::kTiles) {
+    const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;
+    return p.type == ElemType::kFloat16 ? DispatchTiles<__half>(p, dev, pdl, s)
+                                        : DispatchTiles<__nv_bfloat16>(p, dev, pdl, s);
+  }
   if (options.variant == Variant::kSimt && PlanSimt(p)) {
     return p.type == ElemType::kFloat16 ? DispatchSimt<__half>(p, s) : DispatchSimt<__nv_bfloat16>(p, s);
   }

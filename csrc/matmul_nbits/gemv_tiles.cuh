@@ -1,0 +1,193 @@
+// The tensor-core kernel for weights in the tiles layout (packing=1; WeightLayout::kTiles in
+// matmul_nbits.h, written once by ops.packing): the stream kernel's design (gemv_stream.cuh: a warp per
+// m-tile and K-part, its own cp.async ring, K-parts summed in order at the end, the same cut) with
+// what the layout saves per 2 KB chunk of a warp:
+//   * a warp's run of chunks is contiguous (one pointer, copies at fixed offsets, no swizzle), and a
+//     lane reads its mma fragments with two 16-byte shared loads per 16 units instead of ldmatrix;
+//   * the nibbles come interleaved (k 0, 2, 4, 6, 1, 3, 5, 7), so the int4 -> fp16/bf16 conversion
+//     hands out pairs of adjacent k, the activations' own pairs: no byte permutes (PRMT);
+//   * a chunk's scales are one 64..256-byte block.
+// Measured on the lab's copy (bench/lab/gemv_repacked.cuh, device lab run 15): the main loop 284
+// instructions per chunk instead of 328; chain 4 x (5120->17408, 17408->5120) at M=1 122.9 us instead
+// of 134.9, lm_head 174.5 instead of 180.0 at M=1 and 289 instead of 347 at M=16.
+//
+// Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps over its
+// 32-k units in ascending order on exact (q - 8) values starting from zero (within a step the k order
+// is the tiles layout's, which is the same for every M); acc = fma(scale, block_sum, acc) in ascending
+// block order within the K-part; K-parts added in order; + bias; one rounding.
+#pragma once
+#include "matmul_nbits/gemv_stream.cuh"
+
+namespace ort_mtp {
+namespace gemv {
+
+template <int kBS>
+struct TilesConfig {
+  static_assert(kBS == 32 || kBS == 64 || kBS == 128, "block size");
+  static constexpr int kKC = 256;                  // k per chunk: one tile-chunk
+  static constexpr int kWBytes = 2048;             // weights of a tile-chunk
+  static constexpr int kPerRow = kKC / kBS;        // scales per row and chunk
+  static constexpr int kSBytes = 16 * kPerRow * 2;  // a tile-chunk's scales: 256, 128 or 64 bytes
+  static constexpr int kSLanes = kSBytes / 8;      // lanes that copy them, 8 bytes each
+  static constexpr int kStageBytes = kWBytes + kSBytes;
+  static constexpr int kWarpBytes = kStreamStages * kStageBytes;
+};
+
+template <typename T, int kBS, int kNT>
+__global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 80 : 128)
+    GemvTilesKernel(const __grid_constant__ StreamParams p) {
+  using Cfg = TilesConfig<kBS>;
+  using Dq = Int4Dequant<T>;
+  constexpr int kTokens = 8 * kNT, kUnits = Cfg::kKC / 32, kUnitsPerBlock = kBS / 32;
+  extern __shared__ __align__(128) unsigned char smem[];
+
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const int bx = static_cast<int>(blockIdx.x);
+  const bool alt = bx < p.alt_blocks;  // the other shape of a two-shape cut (StreamCut)
+  const int kparts = alt ? p.alt_kparts : p.kparts;
+  const int tile = warp / kparts;
+  const int kp = warp - tile * kparts;
+  const int block_row0 = alt ? bx * p.alt_rows : p.alt_blocks * p.alt_rows + (bx - p.alt_blocks) * p.rows_per_block;
+  const int block_rows = min(alt ? p.alt_rows : p.rows_per_block, p.N - block_row0);
+  const int tile_row0 = tile * 16;
+  const int tok0 = static_cast<int>(blockIdx.y) * kTokens;
+  const int m_count = min(kTokens, p.M - tok0);
+  const int base = p.kchunks / kparts, extra = p.kchunks % kparts;
+  const int c_begin = kp * base + min(kp, extra);
+  // N is a multiple of 16: a tile is either the block's or past N (the last block's spare warps).
+  const int c_count = tile_row0 < block_rows ? base + (kp < extra ? 1 : 0) : 0;
+
+  const uint32_t ring = SmemAddr(smem) + static_cast<uint32_t>(warp * Cfg::kWarpBytes);
+  const uint32_t last_stage = ring + static_cast<uint32_t>((kStreamStages - 1) * Cfg::kStageBytes);
+  const int64_t first = static_cast<int64_t>((block_row0 + tile_row0) / 16) * p.kchunks + c_begin;
+  const uint8_t* wnext = p.b + first * Cfg::kWBytes + lane * 16;
+  const bool s_lane = lane < Cfg::kSLanes;
+  const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 8;
+  uint32_t fill = ring;
+  auto issue = [&](int i) {  // chunk i of this warp's run into the next stage; always commits a group
+    if (i < c_count) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) CpAsync16(fill + j * 512 + lane * 16, wnext + j * 512, true);
+      if (s_lane) CpAsyncSmall<8>(fill + Cfg::kWBytes + lane * 8, snext, true);
+      wnext += Cfg::kWBytes;
+      snext += Cfg::kSBytes;
+      fill = fill == last_stage ? ring : fill + Cfg::kStageBytes;
+    }
+    CpAsyncCommit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
+  // Weights and scales are session constants; the activations are the previous kernel's output.
+  if (p.pdl) {
+    GridDependencyTrigger();
+    GridDependencyWait();
+  }
+
+  const int g = lane >> 2, t = lane & 3;
+  const T* arow[kNT];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+    arow[nt] = static_cast<const T*>(p.a) + static_cast<int64_t>(tok0 + min(8 * nt + g, m_count - 1)) * p.K + 8 * t;
+
+  float acc[kNT][4];
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+  uint32_t stage = ring;
+  for (int i = 0; i < c_count; ++i) {
+    const int64_t k0 = static_cast<int64_t>(c_begin + i) * Cfg::kKC;
+    // The chunk's activations at its top (as in the stream kernel): lane (g, t) holds k 8t..8t+7 of
+    // each unit for token g, in the natural pairs the conversion hands out.
+    uint4 act[kNT][kUnits];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int u = 0; u < kUnits; ++u) act[nt][u] = __ldg(reinterpret_cast<const uint4*>(arow[nt] + k0 + 32 * u));
+    CpAsyncWait<kStreamStages - 2>();
+    __syncwarp();
+    issue(i + kStreamStages - 1);  // into the stage read in iteration i - 1 (all lanes are past it)
+
+    const typename Dq::Consts dq = Dq::Make(8u);  // compile-time constants: immediates, not registers
+    // Rows g and g + 8's scales of the chunk's blocks, two per 32-bit read (kPerRow is even).
+    const uint32_t* sc = reinterpret_cast<const uint32_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes);
+    float d[kNT][4];  // the current quant block's sums
+    uint32_t pg = 0, ph = 0;  // rows g and g + 8's scales of the current pair of blocks
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const uint4 wg = LdShared128(stage + (2 * half) * 512 + lane * 16);      // row g, units 4 half ..
+      const uint4 wh = LdShared128(stage + (2 * half + 1) * 512 + lane * 16);  // row g + 8
+      const uint32_t wgs[4] = {wg.x, wg.y, wg.z, wg.w}, whs[4] = {wh.x, wh.y, wh.z, wh.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int u = 4 * half + w;
+        const int blk = u / kUnitsPerBlock;
+        uint32_t qa[4], qb[4];
+        Dq::Run(wgs[w], dq, qa);
+        Dq::Run(whs[w], dq, qb);
+        // k-slots of the unit: lane quad t holds k 8t..8t+7; mma 1 takes pairs (0,1) (low slots)
+        // and (2,3) (high), mma 2 pairs (4,5) and (6,7): the activations' .x/.y and .z/.w.
+        const uint32_t a1[4] = {qa[0], qb[0], qa[1], qb[1]};
+        const uint32_t a2[4] = {qa[2], qb[2], qa[3], qb[3]};
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (u % kUnitsPerBlock == 0) {
+            MmaZeroC<T>(d[nt], a1, act[nt][u].x, act[nt][u].y);
+          } else {
+            Mma16816<T>(d[nt], a1, act[nt][u].x, act[nt][u].y);
+          }
+          Mma16816<T>(d[nt], a2, act[nt][u].z, act[nt][u].w);
+        }
+        if ((u + 1) % kUnitsPerBlock == 0) {
+          if (blk % 2 == 0) {
+            pg = sc[(g * Cfg::kPerRow + blk) / 2];
+            ph = sc[((g + 8) * Cfg::kPerRow + blk) / 2];
+          }
+          const float s0 = BitsToFloat<T>(static_cast<uint16_t>(pg >> (16 * (blk & 1))));
+          const float s1 = BitsToFloat<T>(static_cast<uint16_t>(ph >> (16 * (blk & 1))));
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt) {
+            acc[nt][0] = fmaf(s0, d[nt][0], acc[nt][0]);
+            acc[nt][1] = fmaf(s0, d[nt][1], acc[nt][1]);
+            acc[nt][2] = fmaf(s1, d[nt][2], acc[nt][2]);
+            acc[nt][3] = fmaf(s1, d[nt][3], acc[nt][3]);
+          }
+        }
+      }
+    }
+    stage = stage == last_stage ? ring : stage + Cfg::kStageBytes;
+  }
+  CpAsyncWait<0>();
+
+  // Epilogue: K-parts meet in shared memory, added in K-part order (as in the stream kernel).
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(smem);
+  constexpr int kOut = 16 * kTokens;
+  {
+    float* mine = red + warp * kOut;  // [row][token]
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(g + 8 * (e >> 1)) * kTokens + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
+  }
+  __syncthreads();
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  const int tiles = static_cast<int>(blockDim.x >> 5) / kparts;
+  for (int o = threadIdx.x; o < tiles * kOut; o += blockDim.x) {
+    const int grp = o / kOut, rem = o - grp * kOut;
+    const int r = grp * 16 + rem / kTokens, tok = rem % kTokens;
+    if (r >= block_rows || tok >= m_count) continue;
+    const float* part = red + grp * kparts * kOut + rem;
+    float s = part[0];
+    for (int q = 1; q < kparts; ++q) s += part[q * kOut];
+    const int row = block_row0 + r;
+    if (bias) s += ToFloat<T>(bias[row]);
+    y[static_cast<int64_t>(tok0 + tok) * p.N + row] = FromFloat<T>(s);
+  }
+}
+
+}  // namespace gemv
+}  // namespace ort_mtp

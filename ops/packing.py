@@ -1,0 +1,169 @@
+"""The tiles layout of ort_mtp::MatMulNBits (attribute packing=1): B and scales regrouped once, in numpy,
+for the CUDA tensor-core kernel that reads them (csrc/matmul_nbits/gemv_tiles.cuh; the byte map is
+documented with WeightLayout in csrc/matmul_nbits/matmul_nbits.h).
+
+Per tile-chunk (16 weight rows x 256 k, tiles in row order, chunks in k order within a tile): 2048
+bytes of B in the order a warp's lanes feed the mma, nibbles interleaved (k 0,2,4,6,1,3,5,7 within a
+word), and the 16 rows' scales of the chunk. The tensors keep their shapes ([N, k_blocks,
+block_bytes] and [N, k_blocks]); only the order of their bytes and elements changes. The CPU kernel
+reads the layout too, so a packed model gives the same outputs on either execution provider.
+
+    import ops.packing
+    count, skipped = ops.packing.pack_model(model)   # ort_mtp MatMulNBits nodes with loaded weights
+
+Requirements (tiles_unsupported_reason): 4 bits, block_size 32/64/128, K % 256 == 0, N % 16 == 0, no
+zero points, float16 or bfloat16 activations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import DOMAIN, MATMUL_NBITS
+
+TILE_ROWS = 16
+TILE_K = 256
+PACKING_ATTRIBUTE = "packing"
+TILES = 1
+_NIBBLE_FROM = (0, 2, 4, 6, 1, 3, 5, 7)  # packed nibble i holds the word's k-th element _NIBBLE_FROM[i]
+_TILE_TYPES = {onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
+
+
+def tiles_unsupported_reason(K: int, N: int, bits: int, block_size: int, float_type: int | None = None,
+                             zero_points: bool = False) -> str | None:
+    """Why weights of this shape cannot take the tiles layout, or None. float_type: A's ONNX element
+    type when known."""
+    if bits != 4:
+        return f"bits={bits} (tiles need 4)"
+    if block_size not in (32, 64, 128):
+        return f"block_size={block_size} (tiles need 32, 64 or 128)"
+    if K % TILE_K:
+        return f"K={K} is not a multiple of {TILE_K}"
+    if N % TILE_ROWS:
+        return f"N={N} is not a multiple of {TILE_ROWS}"
+    if zero_points:
+        return "zero points (tiles take symmetric weights only)"
+    if float_type is not None and float_type not in _TILE_TYPES:
+        return f"{onnx.TensorProto.DataType.Name(float_type).lower()} activations (tiles need float16 or bfloat16)"
+    return None
+
+
+def _check(K: int, N: int, block_size: int = 32) -> None:
+    reason = tiles_unsupported_reason(K, N, 4, block_size)
+    if reason:
+        raise ValueError(f"cannot use the tiles layout: {reason}")
+
+
+def _words(b: np.ndarray, N: int, K: int) -> np.ndarray:
+    raw = np.ascontiguousarray(b, dtype=np.uint8).reshape(N, K // 2)
+    return raw.view("<u4")  # [N, K / 8]: word i = k 8i .. 8i + 7, element e in bits 4e .. 4e + 3
+
+
+def _permute_nibbles(words: np.ndarray, to_tiles: bool) -> np.ndarray:
+    out = np.zeros_like(words)
+    for i, e in enumerate(_NIBBLE_FROM):
+        src, dst = (e, i) if to_tiles else (i, e)
+        out |= ((words >> np.uint32(4 * src)) & np.uint32(0xF)) << np.uint32(4 * dst)
+    return out
+
+
+# Axes of a row-major word array seen as [T, h, g, C, uh, w, t] (row 16 T + 8 h + g, word 32 C + 4 (4 uh + w)
+# + t) and their order in the tiles layout [T, C, uh, h, g, t, w] (j = 2 uh + h, lane = 4 g + t).
+_TO_TILES = (0, 3, 4, 1, 2, 6, 5)
+
+
+def pack_b(b: np.ndarray, N: int, K: int) -> np.ndarray:
+    """B ([N, k_blocks, block_bytes] uint8, or any shape with those N * K / 2 bytes) in the tiles
+    layout, same shape."""
+    _check(K, N)
+    T, C = N // TILE_ROWS, K // TILE_K
+    words = _words(b, N, K).reshape(T, 2, 8, C, 2, 4, 4)
+    tiled = _permute_nibbles(np.ascontiguousarray(words.transpose(_TO_TILES)), to_tiles=True)
+    return tiled.reshape(-1).view(np.uint8).reshape(np.shape(b))
+
+
+def unpack_b(packed: np.ndarray, N: int, K: int) -> np.ndarray:
+    """The inverse of pack_b."""
+    _check(K, N)
+    T, C = N // TILE_ROWS, K // TILE_K
+    words = _permute_nibbles(_words(packed, N, K).reshape(T, C, 2, 2, 8, 4, 4), to_tiles=False)
+    back = np.argsort(_TO_TILES)
+    return np.ascontiguousarray(words.transpose(back)).reshape(-1).view(np.uint8).reshape(np.shape(packed))
+
+
+def pack_scales(scales: np.ndarray, N: int, K: int, block_size: int) -> np.ndarray:
+    """Scales ([N, k_blocks], any element type) in the tiles layout, same shape."""
+    _check(K, N, block_size)
+    s = np.asarray(scales).reshape(N // TILE_ROWS, TILE_ROWS, K // TILE_K, TILE_K // block_size)
+    return np.ascontiguousarray(s.transpose(0, 2, 1, 3)).reshape(np.shape(scales))
+
+
+def unpack_scales(packed: np.ndarray, N: int, K: int, block_size: int) -> np.ndarray:
+    """The inverse of pack_scales."""
+    _check(K, N, block_size)
+    s = np.asarray(packed).reshape(N // TILE_ROWS, K // TILE_K, TILE_ROWS, TILE_K // block_size)
+    return np.ascontiguousarray(s.transpose(0, 2, 1, 3)).reshape(np.shape(packed))
+
+
+def _attributes(node: onnx.NodeProto) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def pack_model(model: onnx.ModelProto) -> tuple[int, list[tuple[str, str]]]:
+    """Packs, in place, every ort_mtp MatMulNBits node of the main graph that the tiles layout takes
+    and whose B and scales are initializers with their data in the model, used by no other node: the
+    initializers are rewritten and the node gets packing=1. Returns (nodes packed, [(node, why not)]
+    for the other ort_mtp MatMulNBits nodes). Weights stored as external data must be loaded first
+    (onnx.load(..., load_external_data=True) or onnx.external_data_helper.load_external_data_for_model)."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    packed, skipped = 0, []
+    for node in graph.node:
+        if node.domain != DOMAIN or node.op_type != MATMUL_NBITS:
+            continue
+        label = node.name or (node.output[0] if node.output else "?")
+        attrs = _attributes(node)
+        if attrs.get(PACKING_ATTRIBUTE, 0) == TILES:
+            continue
+        inputs = list(node.input) + [""] * (6 - len(node.input))
+        b_name, s_name, zp_name, g_name = inputs[1], inputs[2], inputs[3], inputs[4]
+        float_type = inits[s_name].data_type if s_name in inits else None
+        reason = tiles_unsupported_reason(attrs.get("K", 0), attrs.get("N", 0), attrs.get("bits", 4),
+                                          attrs.get("block_size", 0), float_type, bool(zp_name))
+        if reason is None and g_name:
+            reason = "g_idx input"
+        if reason is None and (b_name not in inits or s_name not in inits):
+            reason = "B or scales is not an initializer"
+        if reason is None and (uses.get(b_name, 0) > 1 or uses.get(s_name, 0) > 1):
+            reason = "B or scales is shared with another node"
+        if reason is None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in (inits[b_name], inits[s_name])):
+            reason = "B or scales is external data that was not loaded"
+        if reason is not None:
+            skipped.append((label, reason))
+            continue
+        K, N, bs = attrs["K"], attrs["N"], attrs["block_size"]
+        b_init, s_init = inits[b_name], inits[s_name]
+        b = numpy_helper.to_array(b_init)
+        b_init.CopyFrom(numpy_helper.from_array(pack_b(b, N, K), b_name))
+        s_init.CopyFrom(_replace_elements(s_init, lambda s: pack_scales(s, N, K, bs)))
+        del node.attribute[:]
+        node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, PACKING_ATTRIBUTE: TILES}.items())
+        packed += 1
+    return packed, skipped
+
+
+def _replace_elements(t: onnx.TensorProto, fn) -> onnx.TensorProto:
+    """A copy of a 16-bit float tensor with its elements rearranged by fn (on their raw 16-bit values,
+    so bfloat16 needs no conversion)."""
+    if t.raw_data:
+        raw = np.frombuffer(t.raw_data, dtype=np.uint16).reshape(tuple(t.dims))
+    else:  # float16/bfloat16 in int32_data, one value per entry
+        raw = np.asarray(t.int32_data, dtype=np.uint16).reshape(tuple(t.dims))
+    out = fn(raw)
+    return helper.make_tensor(t.name, t.data_type, list(t.dims), out.tobytes(), raw=True)

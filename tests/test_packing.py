@@ -1,0 +1,172 @@
+"""The tiles layout of ort_mtp::MatMulNBits (packing=1, ops.packing): the numpy packer against the op's
+own byte map (the CPU kernel reads packed weights, so a packed model must give bit-identical outputs
+to the unpacked one), pack_model's choices, and the op's checks of the attribute. The CUDA kernel for
+the layout is checked on the device (bench/check_cuda_ops.py, group smoke-tiles)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from ops import nbits, packing
+
+NODE = "layers.0/mlp/up_proj"
+
+
+def _weights(rng, K=512, N=48, block_size=32, dtype="float16", bias=True, zero_points=None):
+    return nbits.random_weights(rng, K, N, bits=4, block_size=block_size, dtype=dtype, zero_points=zero_points,
+                                bias=bias)
+
+
+def _packed(w):
+    return dataclasses.replace(w, b=packing.pack_b(w.b, w.N, w.K),
+                               scales=packing.pack_scales(w.scales, w.N, w.K, w.block_size))
+
+
+def _run(cpu_session, model, a):
+    return cpu_session(model).run(None, {"A": a})[0]
+
+
+@pytest.mark.parametrize("N,K", [(16, 256), (48, 512), (32, 1024)])
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+def test_pack_unpack_round_trip(N, K, block_size):
+    rng = np.random.default_rng(N + K + block_size)
+    b = rng.integers(0, 256, size=(N, K // block_size, block_size // 2), dtype=np.uint8)
+    s = rng.integers(0, 2**16, size=(N, K // block_size), dtype=np.uint16)
+    pb, ps = packing.pack_b(b, N, K), packing.pack_scales(s, N, K, block_size)
+    assert pb.shape == b.shape and ps.shape == s.shape
+    assert not np.array_equal(pb, b)  # the bytes do move; scales too, when a row has several chunks
+    assert np.array_equal(ps, s) == (K == 256)
+    assert np.array_equal(np.sort(ps, axis=None), np.sort(s, axis=None))  # scales only move
+    assert np.array_equal(packing.unpack_b(pb, N, K), b)
+    assert np.array_equal(packing.unpack_scales(ps, N, K, block_size), s)
+
+
+def test_packed_word_holds_one_lanes_k_pairs():
+    """Element (n, k) sits where matmul_nbits.h says: tile-chunk, word (j, lane, w), nibble order
+    k 0,2,4,6,1,3,5,7. Checked on single nibbles so that a wrong axis cannot cancel out."""
+    N, K = 32, 512
+    for n, k in [(0, 0), (0, 1), (1, 9), (9, 37), (17, 300), (31, 511), (8, 255)]:
+        q = np.zeros((N, K), np.uint8)
+        q[n, k] = 0xA
+        b = nbits.pack_bits(q, 4).reshape(N, K // 32, 16)
+        flat = packing.pack_b(b, N, K).reshape(-1)
+        byte = np.flatnonzero(flat)
+        assert byte.size == 1
+        T, r, c, kk = n // 16, n % 16, k // 256, k % 256
+        u, t, e = kk // 32, (kk % 32) // 8, kk % 8
+        j, lane, w = 2 * (u // 4) + r // 8, 4 * (r % 8) + t, u % 4
+        pos = [0, 4, 1, 5, 2, 6, 3, 7][e]
+        expected = (T * (K // 256) + c) * 2048 + 4 * (128 * j + 4 * lane + w) + pos // 2
+        assert byte[0] == expected
+        assert flat[byte[0]] == (0xA << (4 * (pos % 2)))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+def test_cpu_op_reads_the_packed_layout(cpu_session, dtype, block_size):
+    """The op on packed weights (packing=1) is bit-identical to the op on the same weights unpacked."""
+    rng = np.random.default_rng(block_size)
+    w = _weights(rng, K=768, N=48, block_size=block_size, dtype=dtype)
+    io32 = dtype == "bfloat16"  # numpy has no bfloat16: cast around the node
+    a = rng.standard_normal((3, w.K)).astype(np.float32 if io32 else np.float16)
+    plain = _run(cpu_session, nbits.single_node_model(w, domain="ort_mtp", float32_io=io32), a)
+    tiles = _run(cpu_session, nbits.single_node_model(_packed(w), domain="ort_mtp", float32_io=io32, packing=1), a)
+    assert np.array_equal(plain, tiles)
+    wrong = _run(cpu_session, nbits.single_node_model(w, domain="ort_mtp", float32_io=io32, packing=1), a)
+    assert not np.array_equal(plain, wrong)  # the attribute changes how the bytes are read
+
+
+def test_pack_model_packs_what_the_layout_takes(cpu_session):
+    rng = np.random.default_rng(3)
+    w = _weights(rng, K=512, N=32)
+    model = nbits.single_node_model(w, domain="ort_mtp", node_name=NODE)
+    a = rng.standard_normal((2, w.K)).astype(np.float16)
+    before = _run(cpu_session, model, a)
+    assert packing.pack_model(model) == (1, [])
+    attrs = {x.name: helper.get_attribute_value(x) for x in model.graph.node[0].attribute}
+    assert attrs["packing"] == 1 and attrs["K"] == 512 and attrs["N"] == 32
+    assert np.array_equal(_run(cpu_session, model, a), before)
+    assert packing.pack_model(model) == (0, [])  # already packed: left alone
+
+
+@pytest.mark.parametrize("kwargs,reason", [
+    (dict(K=500), "K=500 is not a multiple of 256"),
+    (dict(N=40), "N=40 is not a multiple of 16"),
+    (dict(block_size=16), "block_size=16"),
+    (dict(zero_points="packed"), "zero points"),
+    (dict(dtype="float32"), "float activations"),
+])
+def test_pack_model_says_why_it_skips_a_node(kwargs, reason):
+    rng = np.random.default_rng(4)
+    params = dict(K=512, N=32, block_size=32, dtype="float16", zero_points=None)
+    params.update(kwargs)
+    w = _weights(rng, **params)
+    model = nbits.single_node_model(w, domain="ort_mtp", node_name=NODE)
+    count, skipped = packing.pack_model(model)
+    assert count == 0 and len(skipped) == 1
+    assert skipped[0][0] == NODE and reason in skipped[0][1]
+
+
+def test_pack_model_leaves_shared_weights_alone():
+    rng = np.random.default_rng(5)
+    model = nbits.single_node_model(_weights(rng, K=512, N=32), domain="ort_mtp", node_name=NODE)
+    twin = helper.make_node("MatMulNBits", list(model.graph.node[0].input), ["Y2"], name="twin", domain="ort_mtp",
+                            **{x.name: helper.get_attribute_value(x) for x in model.graph.node[0].attribute})
+    model.graph.node.append(twin)
+    count, skipped = packing.pack_model(model)
+    assert count == 0 and {why for _, why in skipped} == {"B or scales is shared with another node"}
+
+
+def _error(cpu_session, model) -> str:
+    with pytest.raises(Exception) as info:
+        cpu_session(model)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,packing_value,expected", [
+    (dict(), 2, "attribute packing must be 0 (row-major) or 1 (tiles), got 2"),
+    (dict(K=320), 1, "packing=1 (tiles) needs K a multiple of 256, got K=320"),
+    (dict(N=24), 1, "packing=1 (tiles) needs N a multiple of 16, got N=24"),
+    (dict(block_size=256), 1, "packing=1 (tiles) needs block_size 32, 64 or 128, got 256"),
+    (dict(dtype="float32"), 1, "packing=1 (tiles) needs float16 or bfloat16 activations, got float"),
+    (dict(zero_points="packed"), 1, "packing=1 (tiles) does not take zero_points"),
+])
+def test_op_checks_the_packing_attribute(cpu_session, kwargs, packing_value, expected):
+    rng = np.random.default_rng(6)
+    params = dict(K=512, N=32, block_size=32, dtype="float16", zero_points=None)
+    params.update(kwargs)
+    model = nbits.single_node_model(_weights(rng, **params), domain="ort_mtp", node_name=NODE, packing=packing_value)
+    message = _error(cpu_session, model)
+    assert f"MatMulNBits node '{NODE}'" in message and expected in message
+
+
+def test_op_checks_bits_with_packing(cpu_session):
+    rng = np.random.default_rng(7)
+    w = nbits.random_weights(rng, 512, 32, bits=8, block_size=32, dtype="float16", zero_points=None, bias=False)
+    message = _error(cpu_session, nbits.single_node_model(w, domain="ort_mtp", node_name=NODE, packing=1))
+    assert "packing=1 (tiles) needs bits=4, got bits=8" in message
+
+
+def test_readme_recipe_packs_a_model_with_external_data(cpu_session, tmp_path):
+    """onnx.load (external data loaded), pack_model, save with external data: the README's recipe."""
+    import onnx
+
+    rng = np.random.default_rng(8)
+    w = _weights(rng, K=512, N=32)
+    source = tmp_path / "model_ort_mtp.onnx"
+    onnx.save(nbits.single_node_model(w, domain="ort_mtp", node_name=NODE), str(source),
+              save_as_external_data=True, location="model_ort_mtp.onnx.data", size_threshold=0)
+    a = rng.standard_normal((2, w.K)).astype(np.float16)
+    before = _run(cpu_session, source, a)
+    model = onnx.load(str(source))
+    assert packing.pack_model(model) == (1, [])
+    target = tmp_path / "model_tiles.onnx"
+    onnx.save(model, str(target), save_as_external_data=True, location="model_tiles.onnx.data", size_threshold=0)
+    assert np.array_equal(_run(cpu_session, target, a), before)
+    unloaded = onnx.load(str(source), load_external_data=False)
+    count, skipped = packing.pack_model(unloaded)
+    assert count == 0 and skipped == [(NODE, "B or scales is external data that was not loaded")]
