@@ -1,7 +1,7 @@
 """Command line of the ops package.
 
     python -m ops library-path
-    python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH]
+    python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
 onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 1.
@@ -40,10 +40,13 @@ def _parser() -> argparse.ArgumentParser:
                          help="leave nodes matching a pattern alone; " + pattern_help)
     rewrite.add_argument("--library", metavar="PATH",
                          help="custom-op library to copy into an output folder (default: the installed one)")
+    rewrite.add_argument("--pack", action="store_true",
+                         help="also regroup the weights of the nodes that take it into the tiles layout "
+                              "(packing=1, faster on CUDA), written to a new <model>.tiles.data file")
     return parser
 
 
-def _print_report(report) -> None:
+def _print_report(report, pack: bool = False) -> None:
     if isinstance(report, FileReport):
         models = {report.source.name: report.model}
         where = str(report.output)
@@ -55,6 +58,13 @@ def _print_report(report) -> None:
         print(f"{name}: rewrote {model.count} of {total} MatMulNBits nodes")
         for node, why in model.unsupported:
             print(f"warning: {name}: kept {node!r} as com.microsoft MatMulNBits: {why}", file=sys.stderr)
+        if pack and model.count:
+            print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
+            reasons: dict[str, int] = {}
+            for _, why in model.not_packed:
+                reasons[why] = reasons.get(why, 0) + 1
+            for why, count in sorted(reasons.items()):
+                print(f"  {count} left in MatMulNBits' layout: {why}")
     for pattern in report.unmatched_patterns:
         print(f"warning: pattern {pattern!r} matched no MatMulNBits node", file=sys.stderr)
     if isinstance(report, FolderReport):
@@ -73,14 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             print(library_path())
             return 0
         report = rewrite_path(args.input, args.output, args.include, args.exclude, args.library,
-                              require_rewrite=True)
+                              require_rewrite=True, pack=args.pack)
     except (RewriteError, LibraryNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # permissions, full disk, ...: the system's message names the file
         print(f"error: {e}", file=sys.stderr)
         return 1
-    _print_report(report)
+    _print_report(report, args.pack)
     return 0
 
 

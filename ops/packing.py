@@ -17,9 +17,11 @@ zero points, float16 or bfloat16 activations.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from . import DOMAIN, MATMUL_NBITS
 
@@ -111,12 +113,52 @@ def _attributes(node: onnx.NodeProto) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def pack_model(model: onnx.ModelProto) -> tuple[int, list[tuple[str, str]]]:
+class ExternalWeights:
+    """Where pack_model reads weights stored as external data (relative to `source_folder`, the
+    folder of the model file) and writes the packed ones: appended to `target` (a new file next to
+    the packed model, named relative to it in the tensors' external-data entries). One tensor is in
+    memory at a time."""
+
+    ALIGN = 4096
+
+    def __init__(self, source_folder: Path, target: Path):
+        self.source_folder, self.target = Path(source_folder), Path(target)
+        self.written = 0  # bytes in target so far
+
+    def read(self, t: onnx.TensorProto) -> bytes:
+        info = {e.key: e.value for e in t.external_data}
+        location = Path(info.get("location", ""))
+        if location.is_absolute() or ".." in location.parts or not info.get("location"):
+            raise ValueError(f"tensor {t.name!r}: external data location {info.get('location')!r} is not "
+                             "a relative path inside the model's folder")
+        path = self.source_folder / location
+        offset = int(info.get("offset", 0))
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(int(info["length"])) if "length" in info else f.read()
+        return data
+
+    def write(self, t: onnx.TensorProto, data: bytes) -> None:
+        pad = (-self.written) % self.ALIGN
+        with open(self.target, "ab") as f:
+            f.write(b"\0" * pad)
+            f.write(data)
+        offset = self.written + pad
+        self.written = offset + len(data)
+        del t.external_data[:]
+        for key, value in (("location", self.target.name), ("offset", str(offset)), ("length", str(len(data)))):
+            t.external_data.add(key=key, value=value)
+        t.data_location = onnx.TensorProto.EXTERNAL
+        t.ClearField("raw_data")
+
+
+def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None) -> tuple[int, list[tuple[str, str]]]:
     """Packs, in place, every ort_mtp MatMulNBits node of the main graph that the tiles layout takes
-    and whose B and scales are initializers with their data in the model, used by no other node: the
-    initializers are rewritten and the node gets packing=1. Returns (nodes packed, [(node, why not)]
-    for the other ort_mtp MatMulNBits nodes). Weights stored as external data must be loaded first
-    (onnx.load(..., load_external_data=True) or onnx.external_data_helper.load_external_data_for_model)."""
+    and whose B and scales are initializers used by no other node: the initializers are rewritten and
+    the node gets packing=1. Returns (nodes packed, [(node, why not)] for the other ort_mtp
+    MatMulNBits nodes). Weights stored as external data are packed through `external` (read from the
+    model's folder, written to a new file); without it they must have been loaded
+    (onnx.load(..., load_external_data=True)), else the node is skipped."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     uses: dict[str, int] = {}
@@ -142,28 +184,35 @@ def pack_model(model: onnx.ModelProto) -> tuple[int, list[tuple[str, str]]]:
             reason = "B or scales is not an initializer"
         if reason is None and (uses.get(b_name, 0) > 1 or uses.get(s_name, 0) > 1):
             reason = "B or scales is shared with another node"
-        if reason is None and any(t.data_location == onnx.TensorProto.EXTERNAL for t in (inits[b_name], inits[s_name])):
+        stored = [t.data_location == onnx.TensorProto.EXTERNAL for t in (inits.get(b_name), inits.get(s_name)) if t]
+        if reason is None and any(stored) and external is None:
             reason = "B or scales is external data that was not loaded"
         if reason is not None:
             skipped.append((label, reason))
             continue
         K, N, bs = attrs["K"], attrs["N"], attrs["block_size"]
-        b_init, s_init = inits[b_name], inits[s_name]
-        b = numpy_helper.to_array(b_init)
-        b_init.CopyFrom(numpy_helper.from_array(pack_b(b, N, K), b_name))
-        s_init.CopyFrom(_replace_elements(s_init, lambda s: pack_scales(s, N, K, bs)))
+        for t, fn in ((inits[b_name], lambda raw: pack_b(raw.view(np.uint8), N, K)),
+                      (inits[s_name], lambda raw: pack_scales(raw, N, K, bs))):
+            _repack(t, fn, external)
         del node.attribute[:]
         node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, PACKING_ATTRIBUTE: TILES}.items())
         packed += 1
     return packed, skipped
 
 
-def _replace_elements(t: onnx.TensorProto, fn) -> onnx.TensorProto:
-    """A copy of a 16-bit float tensor with its elements rearranged by fn (on their raw 16-bit values,
-    so bfloat16 needs no conversion)."""
+def _repack(t: onnx.TensorProto, fn, external: ExternalWeights | None) -> None:
+    """Rearranges a uint8 or 16-bit float tensor's elements with fn, on their raw values (so
+    bfloat16 needs no conversion), where they are stored: in the proto, or through `external`."""
+    dtype = np.uint8 if t.data_type == onnx.TensorProto.UINT8 else np.uint16
+    shape = tuple(t.dims)
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        raw = np.frombuffer(external.read(t), dtype=dtype).reshape(shape)
+        external.write(t, np.ascontiguousarray(fn(raw)).tobytes())
+        return
     if t.raw_data:
-        raw = np.frombuffer(t.raw_data, dtype=np.uint16).reshape(tuple(t.dims))
-    else:  # float16/bfloat16 in int32_data, one value per entry
-        raw = np.asarray(t.int32_data, dtype=np.uint16).reshape(tuple(t.dims))
-    out = fn(raw)
-    return helper.make_tensor(t.name, t.data_type, list(t.dims), out.tobytes(), raw=True)
+        raw = np.frombuffer(t.raw_data, dtype=dtype).reshape(shape)
+    else:  # uint8 / float16 / bfloat16 in int32_data, one value per entry
+        raw = np.asarray(t.int32_data, dtype=dtype).reshape(shape)
+    out = np.ascontiguousarray(fn(raw))
+    t.ClearField("int32_data")
+    t.raw_data = out.tobytes()

@@ -1,7 +1,10 @@
 """Swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits, in a model, a file or a genai folder.
 
 The two ops share attributes and inputs, so a swap only changes the node's domain: the node keeps
-reading the same initializers, no weight byte is touched or copied. Models are loaded with
+reading the same initializers, no weight byte is touched or copied. With pack=True (`--pack`) the
+swapped nodes that the tiles layout takes (ops.packing: 4 bits, block 32/64/128, K % 256 == 0,
+N % 16 == 0, no zero points, fp16/bf16) also get packing=1 and their B and scales regrouped, written
+to a new `<model>.tiles.data` file; everything else is carried over as without it. Models are loaded with
 load_external_data=False and written back with their external-data references unchanged, so
 external weights stay where they are (a file written into its source's folder shares them; one
 written elsewhere gets them by hard link, or by copy across file systems).
@@ -32,11 +35,12 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from . import DOMAIN, MATMUL_NBITS, library_path
+from . import DOMAIN, MATMUL_NBITS, library_path, packing
 
 SOURCE_DOMAIN = "com.microsoft"
 OPSET_VERSION = 1
 GENAI_CONFIG = "genai_config.json"
+TILES_DATA_SUFFIX = ".tiles.data"  # <model file><suffix>: the weights --pack rewrote
 GENAI_LIBRARY_KEY = "custom_ops_library"
 """onnxruntime-genai's session option naming a custom-op library (src/config.cpp). genai only loads
 a library that lies inside the model folder, an EP's folder or the working directory, so the
@@ -108,6 +112,8 @@ class ModelReport:
     rewritten: list[str] = field(default_factory=list)           # node names
     unsupported: list[tuple[str, str]] = field(default_factory=list)  # (node name, why it was kept)
     filtered_out: int = 0                                         # MatMulNBits nodes the filter left alone
+    packed: int = 0                                               # nodes put in the tiles layout (pack=True)
+    not_packed: list[tuple[str, str]] = field(default_factory=list)  # (node name, why not), pack=True
 
     @property
     def count(self) -> int:
@@ -298,11 +304,27 @@ def save_model(model: onnx.ModelProto, path: Path) -> None:
     path.write_bytes(data)
 
 
-def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False) -> FileReport:
+def _pack(model: onnx.ModelProto, report: ModelReport, source_folder: Path, output: Path) -> None:
+    """pack=True: the swapped nodes the tiles layout takes get packed weights (ops.packing). Those
+    stored as external data are written to a new file next to the output, `<output name>.tiles.data`;
+    the original data files are carried over as usual (other tensors may still need them)."""
+    target = output.parent / f"{output.name}{TILES_DATA_SUFFIX}"
+    if target.exists() or (source_folder / target.name).exists():
+        raise RewriteError(f"{target.name} already exists; it is the name the packed weights are written to")
+    try:
+        report.packed, report.not_packed = packing.pack_model(model, packing.ExternalWeights(source_folder, target))
+    except (ValueError, OSError) as e:
+        target.unlink(missing_ok=True)
+        raise RewriteError(f"packing {output.name}: {e}") from None
+
+
+def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False,
+                 pack: bool = False) -> FileReport:
     """Rewrites one .onnx file into `output` (a new file, or a new file inside an empty existing
     folder). External data files are shared when output lies in the source's folder, otherwise
     hard-linked (or copied) next to the output under the same relative names. require_rewrite:
-    raise, writing nothing, when no node was swapped."""
+    raise, writing nothing, when no node was swapped. pack: also put the weights of the nodes the
+    tiles layout takes into it (packing=1; see _pack)."""
     source, output = Path(source), Path(output)
     model = load_model(source)
     if output.is_dir():
@@ -336,6 +358,8 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
             plan.append((location, src_file, dst_file))
     for location, src_file, dst_file in plan:
         report.data_files[location] = link_or_copy(src_file, dst_file)
+    if pack:
+        _pack(model, report.model, source.parent, output)
     save_model(model, output)
     return report
 
@@ -394,12 +418,13 @@ def _session_options_for(section: dict, config: dict) -> dict:
 
 
 def rewrite_folder(source, output, include=None, exclude=None, library: str | None = None,
-                   require_rewrite: bool = False) -> FolderReport:
+                   require_rewrite: bool = False, pack: bool = False) -> FolderReport:
     """Rewrites every model a genai_config.json names into a new folder `output` (absent or empty)
     and carries every other file over (hard link, else copy; weights are never rewritten). The
     library (default: ops.library_path()) is copied into `output` and named in the session options
     of each rewritten model, so onnxruntime-genai loads the folder as it is. require_rewrite:
-    raise, writing nothing, when no node was swapped."""
+    raise, writing nothing, when no node was swapped. pack: also put the weights of the nodes the
+    tiles layout takes into it (packing=1; see _pack)."""
     source, output = Path(source), Path(output)
     config_path = source / GENAI_CONFIG
     if not source.is_dir():
@@ -423,11 +448,12 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
     node_filter = NodeFilter(include, exclude)
     report = FolderReport(source, output)
     rewritten: dict[str, onnx.ModelProto] = {}
+    model_paths: dict[str, Path] = {}
     for section_path, section in sections:
         name = section["filename"]
         if name in report.models:
             continue  # two sections naming one file
-        model_path = source / _safe_relative(name, config_path, f"{section_path}.filename")
+        model_path = model_paths[name] = source / _safe_relative(name, config_path, f"{section_path}.filename")
         model = load_model(model_path)
         for location in external_data_files(model):
             data = model_path.parent / _safe_relative(location, model_path)
@@ -460,8 +486,13 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
                     "onnxruntime-genai loads one library per session")
             options[GENAI_LIBRARY_KEY] = report.library
 
-    # Carry everything else over. Files written below (config, rewritten models, the library) are
-    # new files, never written through a link into the source folder.
+    if pack:  # the packed weights' files are new files too: none may come over from the source
+        for name in rewritten:
+            taken = (source / name).parent / f"{Path(name).name}{TILES_DATA_SUFFIX}"
+            if taken.exists():
+                raise RewriteError(f"{taken} exists; {taken.name} is the name --pack writes {name}'s packed weights to")
+    # Carry everything else over. Files written below (config, rewritten models, the library, packed
+    # weights) are new files, never written through a link into the source folder.
     written = {GENAI_CONFIG, *rewritten}
     if report.library:
         written.add(report.library)
@@ -477,6 +508,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
         else:
             report.copies += 1
     for name, model in rewritten.items():
+        if pack:
+            _pack(model, report.models[name], model_paths[name].parent, output / name)
         save_model(model, output / name)
     if report.library:
         shutil.copy2(lib_src, output / report.library)
@@ -485,13 +518,13 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
 
 
 def rewrite_path(source, output, include=None, exclude=None, library: str | None = None,
-                 require_rewrite: bool = False):
+                 require_rewrite: bool = False, pack: bool = False):
     """rewrite_folder for a folder, rewrite_file for a file."""
     source = Path(source)
     if source.is_dir():
-        return rewrite_folder(source, output, include, exclude, library, require_rewrite)
+        return rewrite_folder(source, output, include, exclude, library, require_rewrite, pack)
     if source.is_file():
-        return rewrite_file(source, output, include, exclude, require_rewrite)
+        return rewrite_file(source, output, include, exclude, require_rewrite, pack)
     raise RewriteError(f"{source}: no such file or folder")
 
 

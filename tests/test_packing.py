@@ -170,3 +170,72 @@ def test_readme_recipe_packs_a_model_with_external_data(cpu_session, tmp_path):
     unloaded = onnx.load(str(source), load_external_data=False)
     count, skipped = packing.pack_model(unloaded)
     assert count == 0 and skipped == [(NODE, "B or scales is external data that was not loaded")]
+
+
+def _two_node_model(rng):
+    """fp16 A -> packable up (K=512, N=32) -> not packable down (K=32 ... N=48): ort_mtp nodes."""
+    import onnx
+    from onnx import TensorProto
+
+    up = _weights(rng, K=512, N=32)
+    down = _weights(rng, K=32, N=48, block_size=32, bias=False)
+    inits, nodes = [], []
+    for key, w, a, y in (("up", up, "A", "h"), ("down", down, "h", "Y")):
+        inits += [nbits.tensor(f"{key}.B", w.b), nbits.tensor(f"{key}.scales", w.scales, "float16")]
+        inputs = ["A" if a == "A" else a, f"{key}.B", f"{key}.scales"]
+        if w.bias is not None:
+            inits.append(nbits.tensor(f"{key}.bias", w.bias, "float16"))
+            inputs += ["", "", f"{key}.bias"]
+        nodes.append(helper.make_node("MatMulNBits", inputs, [y], name=f"/model/{key}/MatMul", domain="com.microsoft",
+                                      K=w.K, N=w.N, bits=4, block_size=w.block_size))
+    graph = helper.make_graph(nodes, "two", [helper.make_tensor_value_info("A", TensorProto.FLOAT16, ["M", 512])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, ["M", 48])], initializer=inits)
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21),
+                                                                  helper.make_opsetid("com.microsoft", 1)])
+
+
+def test_rewrite_pack_writes_packed_weights_beside_the_model(cpu_session, tmp_path):
+    import hashlib
+
+    import onnx
+
+    from ops.rewrite import rewrite_file
+
+    rng = np.random.default_rng(9)
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(_two_node_model(rng), str(src / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)
+    digest = hashlib.sha256((src / "model.onnx.data").read_bytes()).hexdigest()
+    out = tmp_path / "out"
+    out.mkdir()
+    plain = rewrite_file(src / "model.onnx", out / "plain.onnx")
+    tiles = rewrite_file(src / "model.onnx", out / "tiles.onnx", pack=True)
+    assert plain.model.packed == 0
+    assert tiles.model.packed == 1
+    assert tiles.model.not_packed == [("/model/down/MatMul", "K=32 is not a multiple of 256")]
+    assert (out / "tiles.onnx.tiles.data").is_file()
+    model = onnx.load(str(out / "tiles.onnx"), load_external_data=False)
+    attrs = {n.name: {a.name: helper.get_attribute_value(a) for a in n.attribute} for n in model.graph.node}
+    assert attrs["/model/up/MatMul"]["packing"] == 1 and "packing" not in attrs["/model/down/MatMul"]
+    assert hashlib.sha256((src / "model.onnx.data").read_bytes()).hexdigest() == digest  # source untouched
+    a = rng.standard_normal((3, 512)).astype(np.float16)
+    assert np.array_equal(_run(cpu_session, out / "tiles.onnx", a), _run(cpu_session, out / "plain.onnx", a))
+
+
+def test_rewrite_pack_cli(tmp_path):
+    import subprocess
+    import sys
+
+    import onnx
+
+    rng = np.random.default_rng(10)
+    onnx.save(_two_node_model(rng), str(tmp_path / "model.onnx"))
+    run = subprocess.run([sys.executable, "-m", "ops", "rewrite", str(tmp_path / "model.onnx"),
+                          str(tmp_path / "tiles.onnx"), "--pack"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "model.onnx: packed 1 of 2 into the tiles layout" in run.stdout
+    assert "1 left in MatMulNBits' layout: K=32 is not a multiple of 256" in run.stdout
+    again = subprocess.run([sys.executable, "-m", "ops", "rewrite", str(tmp_path / "model.onnx"),
+                            str(tmp_path / "other.onnx"), "--pack"], capture_output=True, text=True)
+    assert again.returncode == 0  # embedded weights: no data file, nothing in the way
