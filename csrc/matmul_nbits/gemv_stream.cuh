@@ -168,6 +168,71 @@ __device__ __forceinline__ void ActivationFragments(uint4 x, uint32_t (&b)[4]) {
   b[3] = Prmt(x.y, x.w, 0x7632);  // (x3, x7)
 }
 
+// A warp's share of a stream or tiles kernel launch (the block's shape from a two-shape cut, its
+// m-tile and K-part, the block's rows and the pass's tokens), the same for both kernels.
+struct WarpTask {
+  int kparts;      // K-parts of this block's m-tiles
+  int tile_row0;   // first row of the warp's m-tile, block-local
+  int block_row0;  // first weight row of the block
+  int block_rows;  // rows the block owns (fewer in the last block)
+  int tok0;        // first token of the pass
+  int m_count;     // tokens of the pass
+  int c_begin;     // the warp's run of chunks: kchunks split into kparts runs of near-equal length
+  int c_count;
+
+  __device__ __forceinline__ WarpTask(const StreamParams& p, int warp, int tokens) {
+    const int bx = static_cast<int>(blockIdx.x);
+    const bool alt = bx < p.alt_blocks;  // the other shape of a two-shape cut
+    kparts = alt ? p.alt_kparts : p.kparts;
+    const int tile = warp / kparts;
+    const int kp = warp - tile * kparts;
+    tile_row0 = tile * 16;
+    block_row0 = alt ? bx * p.alt_rows : p.alt_blocks * p.alt_rows + (bx - p.alt_blocks) * p.rows_per_block;
+    block_rows = min(alt ? p.alt_rows : p.rows_per_block, p.N - block_row0);
+    tok0 = static_cast<int>(blockIdx.y) * tokens;
+    m_count = min(tokens, p.M - tok0);
+    const int base = p.kchunks / kparts, extra = p.kchunks % kparts;
+    c_begin = kp * base + min(kp, extra);
+    c_count = base + (kp < extra ? 1 : 0);
+  }
+};
+
+// The epilogue of both kernels: every warp's (16 rows x tokens) sums meet in shared memory (the rings
+// are free once every warp is past its loop), the K-parts of an m-tile are added in K-part order,
+// plus bias, one rounding, stored. acc is the mma accumulator layout: lane (g, t) holds rows g and
+// g + 8, tokens 8 nt + 2t and + 1.
+template <typename T, int kNT>
+__device__ __forceinline__ void SumKPartsAndStore(const StreamParams& p, const WarpTask& w, const float (&acc)[kNT][4],
+                                                  unsigned char* smem) {
+  constexpr int kTokens = 8 * kNT, kOut = 16 * kTokens;  // outputs of one m-tile
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(smem);
+  {
+    float* mine = red + warp * kOut;  // [row][token]
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(g + 8 * (e >> 1)) * kTokens + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
+  }
+  __syncthreads();
+  const T* bias = static_cast<const T*>(p.bias);
+  T* y = static_cast<T*>(p.y);
+  const int tiles = static_cast<int>(blockDim.x >> 5) / w.kparts;
+  for (int o = threadIdx.x; o < tiles * kOut; o += blockDim.x) {
+    const int grp = o / kOut, rem = o - grp * kOut;
+    const int r = grp * 16 + rem / kTokens, tok = rem % kTokens;
+    if (r >= w.block_rows || tok >= w.m_count) continue;
+    const float* part = red + grp * w.kparts * kOut + rem;
+    float s = part[0];
+    for (int q = 1; q < w.kparts; ++q) s += part[q * kOut];
+    const int row = w.block_row0 + r;
+    if (bias) s += ToFloat<T>(bias[row]);
+    y[static_cast<int64_t>(w.tok0 + tok) * p.N + row] = FromFloat<T>(s);
+  }
+}
+
 // Register caps of the 8-token kernels, at what each needs without spilling: left alone, the compiler
 // keeps the copy addresses' per-pass offsets in registers and the fp16 block-32 kernel takes 84, i.e.
 // 20 warps per SM instead of 24 (80 = 25 warps' worth, 81 = 23). Caps below need (72 or 64 for that
@@ -188,21 +253,9 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int bx = static_cast<int>(blockIdx.x);
-  const bool alt = bx < p.alt_blocks;  // the other shape of a two-shape cut
-  const int kparts = alt ? p.alt_kparts : p.kparts;
-  const int tile = warp / kparts;  // this warp's 16 rows within the block
-  const int kp = warp - tile * kparts;
-  const int block_row0 = alt ? bx * p.alt_rows : p.alt_blocks * p.alt_rows + (bx - p.alt_blocks) * p.rows_per_block;
-  const int block_rows = min(alt ? p.alt_rows : p.rows_per_block, p.N - block_row0);  // rows this block owns
-  const int tile_row0 = tile * Cfg::kRows;                         // first row of the tile, block-local
-  const int tok0 = static_cast<int>(blockIdx.y) * Cfg::kTokens;
-  const int m_count = min(Cfg::kTokens, p.M - tok0);
-
-  // This warp's chunks: kchunks split into kparts runs of near-equal length, in order.
-  const int base = p.kchunks / kparts, extra = p.kchunks % kparts;
-  const int c_begin = kp * base + min(kp, extra);
-  const int c_count = base + (kp < extra ? 1 : 0);
+  const WarpTask task(p, warp, Cfg::kTokens);
+  const int block_row0 = task.block_row0, block_rows = task.block_rows, tile_row0 = task.tile_row0;
+  const int tok0 = task.tok0, m_count = task.m_count, c_begin = task.c_begin, c_count = task.c_count;
 
   const uint32_t ring = SmemAddr(smem) + static_cast<uint32_t>(warp * Cfg::kWarpBytes);
   const int64_t row_bytes = static_cast<int64_t>(p.K) / 2;
@@ -368,33 +421,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
     stage = stage == last_stage ? ring : stage + Cfg::kStageBytes;
   }
   CpAsyncWait<0>();
-
-  // Epilogue: K-parts meet in shared memory (the rings are free once every warp is past its loop).
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);
-  constexpr int kOut = Cfg::kRows * Cfg::kTokens;  // outputs of one m-tile
-  {
-    float* mine = red + warp * kOut;  // [row][token]
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mine[(g + 8 * (e >> 1)) * Cfg::kTokens + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
-  }
-  __syncthreads();
-  const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
-  const int tiles = static_cast<int>(blockDim.x >> 5) / kparts;
-  for (int o = threadIdx.x; o < tiles * kOut; o += blockDim.x) {
-    const int grp = o / kOut, rem = o - grp * kOut;
-    const int r = grp * Cfg::kRows + rem / Cfg::kTokens, tok = rem % Cfg::kTokens;
-    if (r >= block_rows || tok >= m_count) continue;
-    const float* part = red + grp * kparts * kOut + rem;
-    float s = part[0];
-    for (int q = 1; q < kparts; ++q) s += part[q * kOut];
-    const int row = block_row0 + r;
-    if (bias) s += ToFloat<T>(bias[row]);
-    y[static_cast<int64_t>(tok0 + tok) * p.N + row] = FromFloat<T>(s);
-  }
+  SumKPartsAndStore<T, kNT>(p, task, acc, smem);
 }
 
 }  // namespace gemv

@@ -43,24 +43,14 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
 
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const int bx = static_cast<int>(blockIdx.x);
-  const bool alt = bx < p.alt_blocks;  // the other shape of a two-shape cut (StreamCut)
-  const int kparts = alt ? p.alt_kparts : p.kparts;
-  const int tile = warp / kparts;
-  const int kp = warp - tile * kparts;
-  const int block_row0 = alt ? bx * p.alt_rows : p.alt_blocks * p.alt_rows + (bx - p.alt_blocks) * p.rows_per_block;
-  const int block_rows = min(alt ? p.alt_rows : p.rows_per_block, p.N - block_row0);
-  const int tile_row0 = tile * 16;
-  const int tok0 = static_cast<int>(blockIdx.y) * kTokens;
-  const int m_count = min(kTokens, p.M - tok0);
-  const int base = p.kchunks / kparts, extra = p.kchunks % kparts;
-  const int c_begin = kp * base + min(kp, extra);
+  const WarpTask task(p, warp, kTokens);
+  const int tok0 = task.tok0, m_count = task.m_count, c_begin = task.c_begin;
   // N is a multiple of 16: a tile is either the block's or past N (the last block's spare warps).
-  const int c_count = tile_row0 < block_rows ? base + (kp < extra ? 1 : 0) : 0;
+  const int c_count = task.tile_row0 < task.block_rows ? task.c_count : 0;
 
   const uint32_t ring = SmemAddr(smem) + static_cast<uint32_t>(warp * Cfg::kWarpBytes);
   const uint32_t last_stage = ring + static_cast<uint32_t>((kStreamStages - 1) * Cfg::kStageBytes);
-  const int64_t first = static_cast<int64_t>((block_row0 + tile_row0) / 16) * p.kchunks + c_begin;
+  const int64_t first = static_cast<int64_t>((task.block_row0 + task.tile_row0) / 16) * p.kchunks + c_begin;
   const uint8_t* wnext = p.b + first * Cfg::kWBytes + lane * 16;
   const bool s_lane = lane < Cfg::kSLanes;
   const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 8;
@@ -160,33 +150,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
     stage = stage == last_stage ? ring : stage + Cfg::kStageBytes;
   }
   CpAsyncWait<0>();
-
-  // Epilogue: K-parts meet in shared memory, added in K-part order (as in the stream kernel).
-  __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);
-  constexpr int kOut = 16 * kTokens;
-  {
-    float* mine = red + warp * kOut;  // [row][token]
-#pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mine[(g + 8 * (e >> 1)) * kTokens + 8 * nt + 2 * t + (e & 1)] = acc[nt][e];
-  }
-  __syncthreads();
-  const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
-  const int tiles = static_cast<int>(blockDim.x >> 5) / kparts;
-  for (int o = threadIdx.x; o < tiles * kOut; o += blockDim.x) {
-    const int grp = o / kOut, rem = o - grp * kOut;
-    const int r = grp * 16 + rem / kTokens, tok = rem % kTokens;
-    if (r >= block_rows || tok >= m_count) continue;
-    const float* part = red + grp * kparts * kOut + rem;
-    float s = part[0];
-    for (int q = 1; q < kparts; ++q) s += part[q * kOut];
-    const int row = block_row0 + r;
-    if (bias) s += ToFloat<T>(bias[row]);
-    y[static_cast<int64_t>(tok0 + tok) * p.N + row] = FromFloat<T>(s);
-  }
+  SumKPartsAndStore<T, kNT>(p, task, acc, smem);
 }
 
 }  // namespace gemv

@@ -241,6 +241,35 @@ const char* PlanStream(const MatMulNBitsProblem& p, const DeviceInfo& dev, Strea
       plan.cut);
 }
 
+// Launches a stream or tiles kernel (configured by the caller) over a cut: the cut's fields, PDL,
+// token slices of `tokens` tokens, warp_bytes of shared memory per warp.
+template <typename T>
+const char* LaunchCut(const MatMulNBitsProblem& p, const gemv::StreamCut& cut, int64_t kchunks, int warp_bytes,
+                      int tokens, void (*kernel)(gemv::StreamParams), bool pdl, cudaStream_t stream) {
+  gemv::StreamParams prm{};
+  FillOperands(p, prm);
+  prm.kchunks = static_cast<int>(kchunks);
+  prm.kparts = cut.kparts;
+  prm.rows_per_block = 16 * cut.tiles;
+  prm.alt_blocks = static_cast<int>(cut.alt_blocks);
+  prm.alt_kparts = cut.alt_kparts;
+  prm.alt_rows = 16 * cut.alt_tiles;
+  prm.pdl = pdl ? 1 : 0;
+
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  const int warps = cut.tiles * cut.kparts;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(cut.blocks), 1, 1);
+  cfg.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
+  cfg.dynamicSmemBytes = static_cast<size_t>(warps) * warp_bytes;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return LaunchSlices<T>(p, tokens, kernel, prm, cfg);
+}
+
 template <typename T, int kBS, int kKC, bool kZp, int kNT>
 const char* LaunchStream(const MatMulNBitsProblem& p, const StreamPlan& plan, const DeviceInfo& dev, bool pdl,
                          cudaStream_t stream) {
@@ -248,29 +277,7 @@ const char* LaunchStream(const MatMulNBitsProblem& p, const StreamPlan& plan, co
   auto kernel = gemv::GemvStreamKernel<T, kBS, kKC, kNT, kZp>;
   static std::atomic<uint64_t> configured{0};
   if (const char* error = ConfigureOnce(kernel, configured, dev)) return error;
-
-  gemv::StreamParams prm{};
-  FillOperands(p, prm);
-  prm.kchunks = static_cast<int>(p.K / kKC);
-  prm.kparts = plan.cut.kparts;
-  prm.rows_per_block = 16 * plan.cut.tiles;
-  prm.alt_blocks = static_cast<int>(plan.cut.alt_blocks);
-  prm.alt_kparts = plan.cut.alt_kparts;
-  prm.alt_rows = 16 * plan.cut.alt_tiles;
-  prm.pdl = pdl ? 1 : 0;
-
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  const int warps = plan.cut.tiles * plan.cut.kparts;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(plan.cut.blocks), 1, 1);
-  cfg.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
-  cfg.dynamicSmemBytes = static_cast<size_t>(warps) * Cfg::kWarpBytes;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return LaunchSlices<T>(p, Cfg::kTokens, kernel, prm, cfg);
+  return LaunchCut<T>(p, plan.cut, p.K / kKC, Cfg::kWarpBytes, Cfg::kTokens, kernel, pdl, stream);
 }
 
 template <typename T, int kBS, int kKC, bool kZp>
@@ -321,31 +328,10 @@ const char* PlanTiles(const MatMulNBitsProblem& p, const DeviceInfo& dev, gemv::
 template <typename T, int kBS, int kNT>
 const char* LaunchTiles(const MatMulNBitsProblem& p, const gemv::StreamCut& cut, const DeviceInfo& dev, bool pdl,
                         cudaStream_t stream) {
-  using Cfg = gemv::TilesConfig<kBS>;
   auto kernel = gemv::GemvTilesKernel<T, kBS, kNT>;
   static std::atomic<uint64_t> configured{0};
   if (const char* error = ConfigureOnce(kernel, configured, dev)) return error;
-  gemv::StreamParams prm{};
-  FillOperands(p, prm);
-  prm.kchunks = static_cast<int>(p.K / kTileK);
-  prm.kparts = cut.kparts;
-  prm.rows_per_block = kTileRows * cut.tiles;
-  prm.alt_blocks = static_cast<int>(cut.alt_blocks);
-  prm.alt_kparts = cut.alt_kparts;
-  prm.alt_rows = kTileRows * cut.alt_tiles;
-  prm.pdl = pdl ? 1 : 0;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  const int warps = cut.tiles * cut.kparts;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(cut.blocks), 1, 1);
-  cfg.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
-  cfg.dynamicSmemBytes = static_cast<size_t>(warps) * Cfg::kWarpBytes;
-  cfg.stream = stream;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  return LaunchSlices<T>(p, 8 * kNT, kernel, prm, cfg);
+  return LaunchCut<T>(p, cut, p.K / kTileK, gemv::TilesConfig<kBS>::kWarpBytes, 8 * kNT, kernel, pdl, stream);
 }
 
 template <typename T, int kBS>
