@@ -197,6 +197,18 @@ struct WarpTask {
   }
 };
 
+// acc += scale * the quant block's sums d, in fp32: rows g (s0) and g + 8 (s1) of the lane's mma fragments.
+template <int kNT>
+__device__ __forceinline__ void AddScaledBlock(float (&acc)[kNT][4], const float (&d)[kNT][4], float s0, float s1) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    acc[nt][0] = fmaf(s0, d[nt][0], acc[nt][0]);
+    acc[nt][1] = fmaf(s0, d[nt][1], acc[nt][1]);
+    acc[nt][2] = fmaf(s1, d[nt][2], acc[nt][2]);
+    acc[nt][3] = fmaf(s1, d[nt][3], acc[nt][3]);
+  }
+}
+
 // The epilogue of both kernels: every warp's (16 rows x tokens) sums meet in shared memory (the rings
 // are free once every warp is past its loop), the K-parts of an m-tile are added in K-part order,
 // plus bias, one rounding, stored. acc is the mma accumulator layout: lane (g, t) holds rows g and
@@ -406,15 +418,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
           Mma16816<T>(d[nt], a2, b[nt][2], b[nt][3]);
         }
         if ((u + 1) % kUnitsPerBlock == 0) {
-          const float s0 = BitsToFloat<T>(sc[blk]);
-          const float s1 = BitsToFloat<T>(sc[8 * Cfg::kSpc + blk]);
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            acc[nt][0] = fmaf(s0, d[nt][0], acc[nt][0]);
-            acc[nt][1] = fmaf(s0, d[nt][1], acc[nt][1]);
-            acc[nt][2] = fmaf(s1, d[nt][2], acc[nt][2]);
-            acc[nt][3] = fmaf(s1, d[nt][3], acc[nt][3]);
-          }
+          AddScaledBlock<kNT>(acc, d, BitsToFloat<T>(sc[blk]), BitsToFloat<T>(sc[8 * Cfg::kSpc + blk]));
         }
       }
     }

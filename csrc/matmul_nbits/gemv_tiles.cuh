@@ -135,15 +135,8 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
             pg = sc[(g * Cfg::kPerRow + blk) / 2];
             ph = sc[((g + 8) * Cfg::kPerRow + blk) / 2];
           }
-          const float s0 = BitsToFloat<T>(static_cast<uint16_t>(pg >> (16 * (blk & 1))));
-          const float s1 = BitsToFloat<T>(static_cast<uint16_t>(ph >> (16 * (blk & 1))));
-#pragma unroll
-          for (int nt = 0; nt < kNT; ++nt) {
-            acc[nt][0] = fmaf(s0, d[nt][0], acc[nt][0]);
-            acc[nt][1] = fmaf(s0, d[nt][1], acc[nt][1]);
-            acc[nt][2] = fmaf(s1, d[nt][2], acc[nt][2]);
-            acc[nt][3] = fmaf(s1, d[nt][3], acc[nt][3]);
-          }
+          AddScaledBlock<kNT>(acc, d, BitsToFloat<T>(static_cast<uint16_t>(pg >> (16 * (blk & 1)))),
+                              BitsToFloat<T>(static_cast<uint16_t>(ph >> (16 * (blk & 1)))));
         }
       }
     }
