@@ -58,7 +58,7 @@ def _print_report(report, pack: bool = False) -> None:
         print(f"{name}: rewrote {model.count} of {total} MatMulNBits nodes")
         for node, why in model.unsupported:
             print(f"warning: {name}: kept {node!r} as com.microsoft MatMulNBits: {why}", file=sys.stderr)
-        if pack and model.count:
+        if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}
             for _, why in model.not_packed:

@@ -339,7 +339,7 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
     node_filter = NodeFilter(include, exclude)
     report = FileReport(source, output, rewrite_model_report(model, node_filter))
     report.unmatched_patterns = node_filter.unmatched()
-    if require_rewrite and not report.model.count:
+    if require_rewrite and not report.model.count and not (pack and _has_our_nodes(model)):
         raise RewriteError(_nothing_rewritten(source, report.model))
 
     same_folder = output.parent.resolve() == source.parent.resolve()
@@ -460,8 +460,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
             if not data.is_file():
                 raise RewriteError(f"{model_path}: external data file {data} is missing")
         report.models[name] = rewrite_model_report(model, node_filter)
-        if report.models[name].count:
-            rewritten[name] = model
+        if report.models[name].count or (pack and _has_our_nodes(model)):
+            rewritten[name] = model  # with pack, a model already on our op is rewritten too
     report.unmatched_patterns = node_filter.unmatched()
     if require_rewrite and not rewritten:
         merged = ModelReport()
@@ -526,6 +526,11 @@ def rewrite_path(source, output, include=None, exclude=None, library: str | None
     if source.is_file():
         return rewrite_file(source, output, include, exclude, require_rewrite, pack)
     raise RewriteError(f"{source}: no such file or folder")
+
+
+def _has_our_nodes(model: onnx.ModelProto) -> bool:
+    """Whether the main graph has ort_mtp MatMulNBits nodes (what --pack can pack)."""
+    return any(n.domain == DOMAIN and n.op_type == MATMUL_NBITS for n in model.graph.node)
 
 
 def _nothing_rewritten(source: Path, report: ModelReport) -> str:

@@ -6,6 +6,7 @@ the layout is checked on the device (bench/check_cuda_ops.py, group smoke-tiles)
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -239,3 +240,66 @@ def test_rewrite_pack_cli(tmp_path):
     again = subprocess.run([sys.executable, "-m", "ops", "rewrite", str(tmp_path / "model.onnx"),
                             str(tmp_path / "other.onnx"), "--pack"], capture_output=True, text=True)
     assert again.returncode == 0  # embedded weights: no data file, nothing in the way
+
+
+def test_rewrite_pack_packs_a_model_already_on_our_op(cpu_session, tmp_path):
+    """--pack on a model that an earlier rewrite already put on ort_mtp: nothing to swap, but the
+    nodes get packed (without --pack the CLI's require_rewrite still says there is nothing to do)."""
+    import onnx
+
+    from ops.rewrite import RewriteError, rewrite_file
+
+    rng = np.random.default_rng(12)
+    onnx.save(_two_node_model(rng), str(tmp_path / "model.onnx"), save_as_external_data=True,
+              location="model.onnx.data", size_threshold=0)
+    rewrite_file(tmp_path / "model.onnx", tmp_path / "ours.onnx")
+    with pytest.raises(RewriteError, match="has no com.microsoft MatMulNBits node"):
+        rewrite_file(tmp_path / "ours.onnx", tmp_path / "again.onnx", require_rewrite=True)
+    report = rewrite_file(tmp_path / "ours.onnx", tmp_path / "tiles.onnx", require_rewrite=True, pack=True)
+    assert report.model.count == 0 and report.model.packed == 1
+    a = rng.standard_normal((2, 512)).astype(np.float16)
+    assert np.array_equal(_run(cpu_session, tmp_path / "tiles.onnx", a), _run(cpu_session, tmp_path / "ours.onnx", a))
+
+
+def test_packed_folder_generates_what_the_unpacked_one_does(tmp_path):
+    """A tiny fp16 folder rewritten with and without --pack: the driver's greedy and MTP streams and
+    onnxruntime-genai's greedy stream are the same tokens on both (the CPU op reads the packed
+    layout exactly), and the source folder's weights are untouched."""
+    import hashlib
+
+    from driver import Generator
+    from models.build import build
+    from models.config import BuildOptions, preset
+    from ops.rewrite import rewrite_folder
+
+    src = tmp_path / "src"
+    build(preset("tiny"), src, BuildOptions(precision="int4", ep="cuda"))  # int4 with fp16 activations
+    digest = hashlib.sha256((src / "model.onnx.data").read_bytes()).hexdigest()
+    plain, tiles = tmp_path / "plain", tmp_path / "tiles"
+    rewrite_folder(src, plain)
+    report = rewrite_folder(src, tiles, pack=True)
+    # tiny: only the K=256 matmuls (down_proj, the head's) take the layout; K=128 ones are left.
+    assert report.models["model.onnx"].packed == 8 and report.models["mtp.onnx"].packed >= 1
+    assert {why for _, why in report.models["model.onnx"].not_packed} == {"K=128 is not a multiple of 256"}
+    assert (tiles / "model.onnx.tiles.data").is_file() and not (plain / "model.onnx.tiles.data").exists()
+    assert hashlib.sha256((src / "model.onnx.data").read_bytes()).hexdigest() == digest
+
+    prompt = [5, 17, 300, 42, 7, 99]
+    streams = {}
+    for name, folder in (("plain", plain), ("tiles", tiles)):
+        gen = Generator(folder, provider="cpu", mode="mtp", draft_tokens=3)
+        streams[name] = (gen.generate(prompt, 12, mode="greedy", stop_at_eos=False).tokens,
+                         gen.generate(prompt, 12, stop_at_eos=False).tokens)
+    assert streams["tiles"] == streams["plain"]
+    assert streams["plain"][0] == streams["plain"][1]  # MTP equals greedy
+
+    og = pytest.importorskip("onnxruntime_genai")
+    from genai_helpers import genai_greedy
+
+    for folder in (plain, tiles):  # the CUDA folder's config, pointed at the CPU (as models build does for CPU)
+        config = json.loads((folder / "genai_config.json").read_text())
+        config["model"]["decoder"]["session_options"]["provider_options"] = []
+        for section in ("decoder", "mtp"):
+            config["model"][section].pop("shared_initializers", None)
+        (folder / "genai_config.json").write_text(json.dumps(config))
+    assert genai_greedy(og.Model(str(tiles)), prompt, 12) == genai_greedy(og.Model(str(plain)), prompt, 12)
