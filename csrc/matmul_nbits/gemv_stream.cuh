@@ -15,9 +15,10 @@
 //     rows x kKC/2 bytes of weights, and the rows' scales) and read by ldmatrix; the only
 //     synchronisation in the main loop is cp.async.wait_group + __syncwarp.
 //   * a block is `tiles` m-tiles x `kparts` K-parts (warp w: tile w / kparts, K-part w % kparts) over
-//     rows_per_block rows (rows past it are zero-filled, never read or stored). The K-parts' sums meet
-//     in shared memory at the end and are added in K-part order. The host (PlanStream) cuts the
-//     problem from N, K and the device only, never M.
+//     rows_per_block rows (rows past it are zero-filled, never read or stored); in a two-shape cut the
+//     first alt_blocks blocks have other such numbers and the same warp count (StreamCut). The
+//     K-parts' sums meet in shared memory at the end and are added in K-part order. The host
+//     (PlanStream) cuts the problem from N, K and the device only, never M.
 //   * activations come straight from global memory (L1/L2; every warp on the same K range shares
 //     them), 16 bytes per lane per 32-k unit, all of a chunk loaded at its top so their latency
 //     overlaps the wait and the first unit's work. Columns past M read the last token's row: an mma
@@ -29,9 +30,9 @@
 // k on exact (q - z) values starting from zero; acc = fma(scale, block_sum, acc) in ascending block
 // order within the K-part; K-parts added in order; + bias; one rounding.
 //
-// Measured (bench/gemv_lab.cu, H200, bench/NOTES.md version 3): the chain of 4 x (5120->17408,
-// 17408->5120) at M = 1 in 142 us (67% of 4.2 TB/s; v2 252 us), the 248320 x 5120 lm_head in 188 us
-// (90%).
+// Measured (bench/gemv.py through ORT, H200, device run 10; bench/NOTES.md versions 3-3.1): the chain
+// of 4 x (5120->17408, 17408->5120) at M = 1 in 136 us (70% of the copy ceiling; v2 252 us), the
+// 248320 x 5120 lm_head in 187 us (90%). gemv_tiles.cuh is this kernel on regrouped weights.
 #pragma once
 #include <algorithm>
 

@@ -7,9 +7,11 @@
 //   * the nibbles come interleaved (k 0, 2, 4, 6, 1, 3, 5, 7), so the int4 -> fp16/bf16 conversion
 //     hands out pairs of adjacent k, the activations' own pairs: no byte permutes (PRMT);
 //   * a chunk's scales are one 64..256-byte block.
-// Measured on the lab's copy (bench/lab/gemv_repacked.cuh, device lab run 15): the main loop 284
-// instructions per chunk instead of 328; chain 4 x (5120->17408, 17408->5120) at M=1 122.9 us instead
-// of 134.9, lm_head 174.5 instead of 180.0 at M=1 and 289 instead of 347 at M=16.
+// Measured (bench/gemv.py through ORT, device run 13; bench/NOTES.md version 3.2): the main loop 279
+// instructions per chunk instead of the stream kernel's 328; chain 4 x (5120->17408, 17408->5120) at
+// M=1 130.2 us instead of 135.7 (73% of the copy ceiling), lm_head 181.5 instead of 187.3 at M=1 and
+// 294.8 instead of 355.6 at M=16. A first lab copy of this kernel ran the chain in 122.9 us (lab run
+// 15); the difference was not found.
 //
 // Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps over its
 // 32-k units in ascending order on exact (q - 8) values starting from zero (within a step the k order
