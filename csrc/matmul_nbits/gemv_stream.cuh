@@ -210,6 +210,23 @@ __device__ __forceinline__ void AddScaledBlock(float (&acc)[kNT][4], const float
   }
 }
 
+// The prologue of both kernels once their first stages are in flight. Weights and scales (and zero
+// points) are session constants, the activations are the previous kernel's output: with programmatic
+// dependent launch, let the next kernel start its own prologue and wait for the previous one to
+// finish. Then lane (g, t)'s activation rows: token tok0 + 8 nt + g from k 8t (the last token's row
+// for columns past M: an mma column does not change the others, and those results are never stored).
+template <typename T, int kNT>
+__device__ __forceinline__ void WaitForActivations(const StreamParams& p, const WarpTask& w, const T* (&arow)[kNT]) {
+  if (p.pdl) {
+    GridDependencyTrigger();
+    GridDependencyWait();
+  }
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt)
+    arow[nt] = static_cast<const T*>(p.a) + static_cast<int64_t>(w.tok0 + min(8 * nt + g, w.m_count - 1)) * p.K + 8 * t;
+}
+
 // The epilogue of both kernels: every warp's (16 rows x tokens) sums meet in shared memory (the rings
 // are free once every warp is past its loop), the K-parts of an m-tile are added in K-part order,
 // plus bias, one rounding, stored. acc is the mma accumulator layout: lane (g, t) holds rows g and
@@ -268,7 +285,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
   const int warp = threadIdx.x >> 5;
   const WarpTask task(p, warp, Cfg::kTokens);
   const int block_row0 = task.block_row0, block_rows = task.block_rows, tile_row0 = task.tile_row0;
-  const int tok0 = task.tok0, m_count = task.m_count, c_begin = task.c_begin, c_count = task.c_count;
+  const int c_begin = task.c_begin, c_count = task.c_count;
 
   const uint32_t ring = SmemAddr(smem) + static_cast<uint32_t>(warp * Cfg::kWarpBytes);
   const int64_t row_bytes = static_cast<int64_t>(p.K) / 2;
@@ -322,21 +339,13 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
 
 #pragma unroll
   for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
-  // Weights, scales and zero points are session constants; the activations are the previous kernel's
-  // output: with programmatic dependent launch the first stages load while that kernel finishes.
-  if (p.pdl) {
-    GridDependencyTrigger();
-    GridDependencyWait();
-  }
+  const T* arow[kNT];
+  WaitForActivations<T, kNT>(p, task, arow);  // the first stages load while the previous kernel finishes
 
-  // Lane (g, t): ldmatrix row address; mma column g = token tok0 + 8 nt + g; k-slot t.
-  const int g = lane >> 2, t = lane & 3;
+  // Lane (g, t): ldmatrix row address; mma column g = token tok0 + 8 nt + g (arow); k-slot t.
+  const int g = lane >> 2;
   const int lm_row = (lane & 7) + ((lane >> 3) & 1) * 8;  // row within the m-tile this lane addresses
   const int lm_unit = lane >> 4;                          // 0: unit u, 1: unit u + 1
-  const T* arow[kNT];
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-    arow[nt] = static_cast<const T*>(p.a) + static_cast<int64_t>(tok0 + min(8 * nt + g, m_count - 1)) * p.K + 8 * t;
   // Zero points of this lane's rows g and g + 8 (rows the block does not own read its first row).
   const uint8_t* zrow[2] = {nullptr, nullptr};
   if constexpr (kZp) {

@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   const WarpTask task(p, warp, kTokens);
-  const int tok0 = task.tok0, m_count = task.m_count, c_begin = task.c_begin;
+  const int c_begin = task.c_begin;
   // N is a multiple of 16: a tile is either the block's or past N (the last block's spare warps).
   const int c_count = task.tile_row0 < task.block_rows ? task.c_count : 0;
 
@@ -70,17 +70,9 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
   };
 #pragma unroll
   for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
-  // Weights and scales are session constants; the activations are the previous kernel's output.
-  if (p.pdl) {
-    GridDependencyTrigger();
-    GridDependencyWait();
-  }
-
-  const int g = lane >> 2, t = lane & 3;
   const T* arow[kNT];
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt)
-    arow[nt] = static_cast<const T*>(p.a) + static_cast<int64_t>(tok0 + min(8 * nt + g, m_count - 1)) * p.K + 8 * t;
+  WaitForActivations<T, kNT>(p, task, arow);  // the first stages load while the previous kernel finishes
+  const int g = lane >> 2;
 
   float acc[kNT][4];
 #pragma unroll
