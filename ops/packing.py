@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import external_data_helper, helper
 
 from . import DOMAIN, MATMUL_NBITS
 
@@ -125,18 +125,18 @@ class ExternalWeights:
         self.source_folder, self.target = Path(source_folder), Path(target)
         self.written = 0  # bytes in target so far
 
-    def read(self, t: onnx.TensorProto) -> bytes:
+    def load(self, t: onnx.TensorProto) -> None:
+        """Puts the tensor's bytes in its raw_data. Read here rather than by
+        onnx.external_data_helper.load_external_data_for_tensor, which refuses data files with
+        several hard links: `python -m ops rewrite` hard-links them by design."""
         info = {e.key: e.value for e in t.external_data}
         location = Path(info.get("location", ""))
-        if location.is_absolute() or ".." in location.parts or not info.get("location"):
+        if not info.get("location") or location.is_absolute() or ".." in location.parts:
             raise ValueError(f"tensor {t.name!r}: external data location {info.get('location')!r} is not "
                              "a relative path inside the model's folder")
-        path = self.source_folder / location
-        offset = int(info.get("offset", 0))
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(int(info["length"])) if "length" in info else f.read()
-        return data
+        with open(self.source_folder / location, "rb") as f:
+            f.seek(int(info.get("offset", 0)))
+            t.raw_data = f.read(int(info["length"])) if "length" in info else f.read()
 
     def write(self, t: onnx.TensorProto, data: bytes) -> None:
         pad = (-self.written) % self.ALIGN
@@ -145,10 +145,8 @@ class ExternalWeights:
             f.write(data)
         offset = self.written + pad
         self.written = offset + len(data)
-        del t.external_data[:]
-        for key, value in (("location", self.target.name), ("offset", str(offset)), ("length", str(len(data)))):
-            t.external_data.add(key=key, value=value)
-        t.data_location = onnx.TensorProto.EXTERNAL
+        t.raw_data = data
+        external_data_helper.set_external_data(t, self.target.name, offset, len(data))
         t.ClearField("raw_data")
 
 
@@ -206,7 +204,8 @@ def _repack(t: onnx.TensorProto, fn, external: ExternalWeights | None) -> None:
     dtype = np.uint8 if t.data_type == onnx.TensorProto.UINT8 else np.uint16
     shape = tuple(t.dims)
     if t.data_location == onnx.TensorProto.EXTERNAL:
-        raw = np.frombuffer(external.read(t), dtype=dtype).reshape(shape)
+        external.load(t)
+        raw = np.frombuffer(t.raw_data, dtype=dtype).reshape(shape)
         external.write(t, np.ascontiguousarray(fn(raw)).tobytes())
         return
     if t.raw_data:

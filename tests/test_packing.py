@@ -303,3 +303,15 @@ def test_packed_folder_generates_what_the_unpacked_one_does(tmp_path):
             config["model"][section].pop("shared_initializers", None)
         (folder / "genai_config.json").write_text(json.dumps(config))
     assert genai_greedy(og.Model(str(tiles)), prompt, 12) == genai_greedy(og.Model(str(plain)), prompt, 12)
+
+
+def test_pack_model_refuses_external_data_outside_the_folder(tmp_path):
+    import onnx
+
+    rng = np.random.default_rng(13)
+    model = nbits.single_node_model(_weights(rng, K=512, N=32), domain="ort_mtp", node_name=NODE)
+    b = next(t for t in model.graph.initializer if t.name == "B")
+    onnx.external_data_helper.set_external_data(b, "../elsewhere.bin", 0, len(b.raw_data))
+    b.ClearField("raw_data")
+    with pytest.raises(ValueError, match="not a relative path inside the model's folder"):
+        packing.pack_model(model, packing.ExternalWeights(tmp_path, tmp_path / "m.onnx.tiles.data"))
