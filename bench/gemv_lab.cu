@@ -219,7 +219,7 @@ Mat NewMat(int N, int K, uint32_t seed) {
   CK(cudaMalloc(&m.bp, (size_t)N * K / 2));
   CK(cudaMalloc(&m.sp, (size_t)N * (K / kBS) * 2));
   lab::RepackWeights<<<2048, 256>>>(m.b, m.bp, N, K);
-  lab::RepackScales<<<2048, 256>>>(m.s, m.sp, N, K);
+  lab::RepackScales<<<2048, 256>>>(m.s, m.sp, N, K, kBS);
   CK(cudaGetLastError());
   return m;
 }

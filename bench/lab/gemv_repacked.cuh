@@ -5,48 +5,39 @@
 // that lived in this file (the same layout and arithmetic).
 #pragma once
 #include "matmul_nbits/gemv_tiles.cuh"
+#include "matmul_nbits/matmul_nbits.h"
 
 namespace ort_mtp {
 namespace gemv {
 namespace lab {
 
-constexpr int kRpKC = 256, kRpBS = 32;
-constexpr int kRpWBytes = 2048;  // weights of one tile-chunk
-
-// Repack from MatMulNBits' row-major [N, K/32, 16] bytes and [N, K/32] scales (N % 16 == 0, K % 256 == 0).
+// Repack from MatMulNBits' row-major [N, K/32, 16] bytes and [N, K/32] scales (N % 16 == 0, K % 256 == 0)
+// by the op's own map (TilesByte, TilesScale): each row-major word of 8 nibbles lands in one word.
 __global__ void RepackWeights(const uint8_t* b, uint8_t* out, int N, int K) {
-  const int kchunks = K / kRpKC;
-  const int64_t words = static_cast<int64_t>(N / 16) * kchunks * (kRpWBytes / 4);
+  const int64_t words = static_cast<int64_t>(N) * (K / 8);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < words;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t tc = i / (kRpWBytes / 4);
-    const int in_tc = static_cast<int>(i % (kRpWBytes / 4));  // word index inside the tile-chunk
-    const int j = in_tc / 128, l = (in_tc / 4) % 32, w = in_tc % 4;
-    const int g = l / 4, t = l % 4;
-    const int64_t tile = tc / kchunks;
-    const int c = static_cast<int>(tc % kchunks);
-    const int64_t row = tile * 16 + g + 8 * (j & 1);
-    const int unit = 4 * (j >> 1) + w;
-    const uint32_t src = *reinterpret_cast<const uint32_t*>(b + row * (K / 2) + c * 128 + unit * 16 + t * 4);
+    const int64_t n = i / (K / 8), k0 = (i % (K / 8)) * 8;
+    const uint32_t src = reinterpret_cast<const uint32_t*>(b)[i];
     uint32_t dst = 0;
-    constexpr int kFrom[8] = {0, 2, 4, 6, 1, 3, 5, 7};  // output nibble i holds input nibble kFrom[i]
+    int64_t word = 0;
 #pragma unroll
-    for (int n = 0; n < 8; ++n) dst |= ((src >> (4 * kFrom[n])) & 0xFu) << (4 * n);
-    reinterpret_cast<uint32_t*>(out)[i] = dst;
+    for (int e = 0; e < 8; ++e) {
+      int shift = 0;
+      const int64_t byte = TilesByte(K, n, k0 + e, shift);
+      word = byte / 4;
+      dst |= ((src >> (4 * e)) & 0xFu) << (8 * (byte % 4) + shift);
+    }
+    reinterpret_cast<uint32_t*>(out)[word] = dst;
   }
 }
 
-__global__ void RepackScales(const __half* s, __half* out, int N, int K) {
-  const int kchunks = K / kRpKC, kb = K / kRpBS;
+__global__ void RepackScales(const __half* s, __half* out, int N, int K, int block_size) {
+  const int kb = K / block_size;
   const int64_t total = static_cast<int64_t>(N) * kb;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t tc = i / 128;
-    const int r = static_cast<int>((i / 8) % 16), blk = static_cast<int>(i % 8);
-    const int64_t tile = tc / kchunks;
-    const int c = static_cast<int>(tc % kchunks);
-    out[i] = s[(tile * 16 + r) * kb + c * 8 + blk];
-  }
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[TilesScale(K, block_size, i / kb, i % kb)] = s[i];
 }
 
 }  // namespace lab

@@ -30,12 +30,19 @@ enum class ZeroPointKind : int {
 //     r * (256 / block_size) within the tile-chunk's.
 enum class WeightLayout : int { kRowMajor = 0, kTiles = 1 };
 
+#ifdef __CUDACC__
+#define ORT_MTP_HOST_DEVICE __host__ __device__
+#else
+#define ORT_MTP_HOST_DEVICE
+#endif
+
 constexpr int kTileRows = 16;
 constexpr int kTileK = 256;
 constexpr int kTileBytes = kTileRows * kTileK / 2;
 
-// kTiles: byte of B and nibble shift (0 or 4) holding element (n, k); index of scale (n, block).
-inline int64_t TilesByte(int64_t K, int64_t n, int64_t k, int& shift) {
+// kTiles: byte of B and nibble shift (0 or 4) holding element (n, k); index of scale (n, block). The one
+// C++ statement of the map: the CPU kernel reads by it, bench/lab/gemv_repacked.cuh writes by it.
+ORT_MTP_HOST_DEVICE inline int64_t TilesByte(int64_t K, int64_t n, int64_t k, int& shift) {
   constexpr int kPos[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble position of a word's k-th element
   const int64_t tile_chunk = (n / kTileRows) * (K / kTileK) + k / kTileK;
   const int r = static_cast<int>(n % kTileRows), kk = static_cast<int>(k % kTileK);
@@ -46,7 +53,7 @@ inline int64_t TilesByte(int64_t K, int64_t n, int64_t k, int& shift) {
   return tile_chunk * kTileBytes + 4 * (128 * j + 4 * lane + w) + pos / 2;
 }
 
-inline int64_t TilesScale(int64_t K, int block_size, int64_t n, int64_t block) {
+ORT_MTP_HOST_DEVICE inline int64_t TilesScale(int64_t K, int block_size, int64_t n, int64_t block) {
   const int per_row = kTileK / block_size;
   const int64_t k = block * block_size;
   const int64_t tile_chunk = (n / kTileRows) * (K / kTileK) + k / kTileK;
