@@ -11,7 +11,8 @@
 // instructions per chunk instead of the stream kernel's 328; chain 4 x (5120->17408, 17408->5120) at
 // M=1 130.2 us instead of 135.7 (73% of the copy ceiling), lm_head 181.5 instead of 187.3 at M=1 and
 // 294.8 instead of 355.6 at M=16. A first lab copy of this kernel ran the chain in 122.9 us (lab run
-// 15); the difference was not found.
+// 15); the 6% between them was an 8-byte stack frame (one spill before the loop, one reload after),
+// gone with EpilogueTask (gemv_stream.cuh): 123.4 us in lab run 17d.
 //
 // Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps over its
 // 32-k units in ascending order on exact (q - 8) values starting from zero (within a step the k order
@@ -137,7 +138,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
     stage = stage == last_stage ? ring : stage + Cfg::kStageBytes;
   }
   CpAsyncWait<0>();
-  SumKPartsAndStore<T, kNT>(p, task, acc, smem);
+  SumKPartsAndStore<T, kNT>(p, EpilogueTask<kNT>(p, task), acc, smem);
 }
 
 }  // namespace gemv
