@@ -439,6 +439,42 @@ int main(int argc, char** argv) {
   // Balance probe (the first configuration): the same K with N cut to a whole number of blocks per SM
   // (gate_up 16896 = 132 x 128 rows, down 4224 = 132 x 32) against the real N, GB/s per launch. If
   // blocks per SM = 4.12 / 2.42 (real) cost much more per byte than 4 / 2, the tail is the imbalance.
+  // Launch probe (LAB_LAUNCH_PROBE=1): the same bytes as 4 launches (the 4 layers' gate_up, or down)
+  // and as one launch of a matrix 4x as tall, M = 1, each configuration. If one launch is much faster
+  // per byte, the cost is per launch (pipeline ramp and drain at each kernel boundary), not per byte.
+  if (std::getenv("LAB_LAUNCH_PROBE")) {
+    for (int which : {0, 1}) {
+      const int N = which ? kH : kI, K = which ? kI : kH;
+      Mat tall = NewMat(4 * N, K, 700 + which);
+      CK(cudaDeviceSynchronize());
+      for (const Cfg& c : cfgs) {
+        const double four = TimeGraph(st, [&] {
+          for (int l = 0; l < kLayers; ++l) Run(chain[2 * l + which], which ? h1 : x, which ? x : h1, 1, c, st, true);
+        });
+        const double one = TimeGraph(st, [&] { Run(tall, which ? h1 : x, h2, 1, c, st, true); });
+        Plan pl{};
+        Run(tall, which ? h1 : x, h2, 1, c, st, true, &pl);
+        std::printf("launch probe k%-3d %-7s 4 launches %6.1f us (%4.0f GB/s) | one launch of %dx%d (%dx%d/%d blocks) %6.1f us (%4.0f GB/s)\n",
+                    c.repacked, which ? "down" : "gate_up", four, 4 * Bytes(chain[which]) / four / 1e3, 4 * N, K,
+                    pl.cut.tiles, pl.cut.kparts, (int)pl.cut.blocks, one, Bytes(tall) / one / 1e3);
+      }
+      // The plain streaming read of the same bytes (weights only), 4 launches with PDL and one.
+      auto read = [&](const Mat& m) {
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t lc{};
+        lc.gridDim = dim3(g_sms * 4); lc.blockDim = dim3(256); lc.stream = st; lc.attrs = attr; lc.numAttrs = 1;
+        CK(cudaLaunchKernelEx(&lc, ReadKernel, (const uint4*)m.b, (size_t)m.N * m.K / 32, sink, 1));
+      };
+      const double four = TimeGraph(st, [&] { for (int l = 0; l < kLayers; ++l) read(chain[2 * l + which]); });
+      const double one = TimeGraph(st, [&] { read(tall); });
+      const double wbytes = (double)N * K / 2;
+      std::printf("launch probe read %-7s 4 launches %6.1f us (%4.0f GB/s) | one launch %6.1f us (%4.0f GB/s) (weights only)\n",
+                  which ? "down" : "gate_up", four, 4 * wbytes / four / 1e3, one, 4 * wbytes / one / 1e3);
+      CK(cudaFree(tall.b)); CK(cudaFree(tall.s)); CK(cudaFree(tall.bp)); CK(cudaFree(tall.sp));
+    }
+  }
   if (!std::getenv("LAB_NO_BALANCE")) {
     const Cfg c = cfgs[0];
     for (int which : {0, 1}) {

@@ -266,8 +266,9 @@ __device__ __forceinline__ void SumKPartsAndStore(const StreamParams& p, const W
 // The warp's task as the epilogue gets it. The 8-token kernels rebuild it after the main loop instead
 // of keeping it live across it: kept live, it gave the 8-token tiles kernel a stack frame (8 bytes, one
 // spill before the loop and one reload after it) and that frame alone cost 6% on the chain (device lab
-// run 17: 131.0 -> 123.0 us). For the 16-token kernels the compiler does better with the task kept
-// (rebuilt, two of them spilled inside the loop). bench/sass_lint.py reports any stack frame.
+// run 17: 131.0 -> 123.0 us). The 16-token kernels keep it: rebuilt there, the fp16 and bf16 block-32
+// tiles kernels got a spill inside the loop instead. bench/sass_lint.py lists every kernel that
+// touches local memory (bench/device_run.sh fails on it for the fp16 block-32 kernels).
 template <int kNT>
 __device__ __forceinline__ WarpTask EpilogueTask(const StreamParams& p, const WarpTask& loop_task) {
   if constexpr (kNT == 1) {
