@@ -31,6 +31,7 @@
 #include "lab/gemv_repacked.cuh"
 #include "lab/gemv_tiles_modes.cuh"
 #include "lab/gemv_lab15_kernel.cuh"
+#include "lab/gemv_tiles_split.cuh"
 #include <map>
 
 using namespace ort_mtp::gemv;
@@ -196,6 +197,49 @@ void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStre
     default: std::fprintf(stderr, "no kernel %d\n", c.repacked); std::exit(1);
   }
 #undef LAB_LAUNCH
+}
+
+// The K-split-across-blocks tiles kernel (lab/gemv_tiles_split.cuh): tiles x kparts warps per block,
+// ksplit blocks per row group, scratch allocated once (counters cleared once; the kernel resets them).
+struct Split {
+  int tiles, kparts, ksplit;
+};
+float* g_partial = nullptr;
+unsigned* g_counters = nullptr;
+
+void RunSplit(const Mat& m, const __half* a, __half* y, int M, const Split& sp, cudaStream_t st, bool pdl) {
+  if (!g_partial) {
+    CK(cudaMalloc(&g_partial, (size_t)8 * kI * 16 * 4));
+    CK(cudaMalloc(&g_counters, (size_t)kI * 4));
+    CK(cudaMemset(g_counters, 0, (size_t)kI * 4));
+  }
+  lab::SplitParams prm{};
+  prm.a = a; prm.b = m.bp; prm.scales = m.sp; prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
+  prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / 256;
+  prm.kparts = sp.kparts; prm.rows_per_block = 16 * sp.tiles; prm.pdl = pdl;
+  prm.alt_blocks = 0; prm.alt_kparts = 1; prm.alt_rows = 0;
+  prm.partial = g_partial; prm.counters = g_counters; prm.ksplit = sp.ksplit;
+  const int groups = (m.N + 16 * sp.tiles - 1) / (16 * sp.tiles);
+  if ((size_t)sp.ksplit * m.N * 16 > (size_t)8 * kI * 16 || groups > kI) { std::fprintf(stderr, "split scratch\n"); std::exit(1); }
+  const int warps = sp.tiles * sp.kparts;
+  auto kernel = M > 8 ? lab::GemvTilesSplitKernel<2> : lab::GemvTilesSplitKernel<1>;
+  static bool configured = false;
+  if (!configured) {
+    CK(cudaFuncSetAttribute(lab::GemvTilesSplitKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamMaxWarps * TilesConfig<kBS>::kWarpBytes));
+    CK(cudaFuncSetAttribute(lab::GemvTilesSplitKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamMaxWarps * TilesConfig<kBS>::kWarpBytes));
+    configured = true;
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3((unsigned)(groups * sp.ksplit), (M + (M > 8 ? 16 : 8) - 1) / (M > 8 ? 16 : 8), 1);
+  lc.blockDim = dim3(32 * warps, 1, 1);
+  lc.dynamicSmemBytes = warps * TilesConfig<kBS>::kWarpBytes;
+  lc.stream = st;
+  lc.attrs = attr;
+  lc.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&lc, kernel, prm));
 }
 
 double Median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
@@ -473,6 +517,82 @@ int main(int argc, char** argv) {
       std::printf("launch probe read %-7s 4 launches %6.1f us (%4.0f GB/s) | one launch %6.1f us (%4.0f GB/s) (weights only)\n",
                   which ? "down" : "gate_up", four, 4 * wbytes / four / 1e3, one, 4 * wbytes / one / 1e3);
       CK(cudaFree(tall.b)); CK(cudaFree(tall.s)); CK(cudaFree(tall.bp)); CK(cudaFree(tall.sp));
+    }
+  }
+  // Split probe (LAB_SPLIT="tiles,kparts,ksplit;..."): down through the K-split kernel, checked against
+  // the reference and across M, then per launch (4 layers) and in the chain with gate_up on the op's
+  // tiles kernel, against the op's tiles kernel on both.
+  if (const char* v = std::getenv("LAB_SPLIT")) {
+    std::vector<Split> splits;
+    for (const char* q = v; *q;) {
+      Split sp{};
+      if (std::sscanf(q, "%d,%d,%d", &sp.tiles, &sp.kparts, &sp.ksplit) != 3) break;
+      splits.push_back(sp);
+      while (*q && *q != ';') ++q;
+      if (*q == ';') ++q;
+    }
+    const Cfg tiles{24, 4, 1};
+    const Mat& down = chain[1];
+    for (const Split& sp : splits) {
+      // correctness: M = 8 against the reference, rows 0 and 5 against M = 1, rows 3 and 11 of M = 16
+      const int M = 8;
+      __half *a, *yy, *y1, *a16, *y16; float* ref;
+      CK(cudaMalloc(&a, (size_t)16 * down.K * 2)); CK(cudaMalloc(&yy, (size_t)16 * down.N * 2));
+      CK(cudaMalloc(&y1, (size_t)down.N * 2)); CK(cudaMalloc(&ref, (size_t)M * down.N * 4));
+      a16 = a; y16 = yy;
+      FillHalf<<<256, 256>>>(a, (size_t)M * down.K, 4321u, -1.f, 1.f);
+      CK(cudaMemcpy(a + (size_t)M * down.K, a, (size_t)M * down.K * 2, cudaMemcpyDeviceToDevice));
+      RefKernel<<<dim3((down.N + 127) / 128, M), 128, 0, st>>>(a, down.b, down.s, ref, M, down.N, down.K);
+      std::vector<__half> v8((size_t)M * down.N), v1(down.N), v16((size_t)16 * down.N);
+      std::vector<float> hr((size_t)M * down.N);
+      RunSplit(down, a, yy, M, sp, st, false);
+      CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
+      CK(cudaMemcpy(v8.data(), yy, v8.size() * 2, cudaMemcpyDeviceToHost));
+      CK(cudaMemcpy(hr.data(), ref, hr.size() * 4, cudaMemcpyDeviceToHost));
+      double num = 0, den = 0;
+      for (size_t i = 0; i < v8.size(); ++i) {
+        const double d = (double)__half2float(v8[i]) - hr[i];
+        num += d * d; den += (double)hr[i] * hr[i];
+      }
+      bool same = true;
+      for (int row : {0, 5}) {
+        RunSplit(down, a + (size_t)row * down.K, y1, 1, sp, st, false);
+        CK(cudaStreamSynchronize(st));
+        CK(cudaMemcpy(v1.data(), y1, v1.size() * 2, cudaMemcpyDeviceToHost));
+        if (std::memcmp(v1.data(), v8.data() + (size_t)row * down.N, (size_t)down.N * 2)) same = false;
+      }
+      RunSplit(down, a16, y16, 16, sp, st, false);
+      CK(cudaStreamSynchronize(st));
+      CK(cudaMemcpy(v16.data(), y16, v16.size() * 2, cudaMemcpyDeviceToHost));
+      for (int row : {3, 11})
+        if (std::memcmp(v16.data() + (size_t)row * down.N, v8.data() + (size_t)(row % 8) * down.N, (size_t)down.N * 2)) same = false;
+      CK(cudaFree(a)); CK(cudaFree(yy)); CK(cudaFree(y1)); CK(cudaFree(ref));
+      const int groups = down.N / (16 * sp.tiles);
+      std::printf("split %dx%dx%d (%d blocks, %.2f per SM): down rel_err %.3e rows_identical %d\n", sp.tiles, sp.kparts,
+                  sp.ksplit, groups * sp.ksplit, groups * sp.ksplit / (double)g_sms, std::sqrt(num / den), same);
+      for (int M2 : {1, 8, 16}) {
+        const double per_op = TimeGraph(st, [&] {
+          for (int l = 0; l < kLayers; ++l) Run(chain[2 * l + 1], x, h2, M2, tiles, st, true);
+        }) / kLayers;
+        const double per_split = TimeGraph(st, [&] {
+          for (int l = 0; l < kLayers; ++l) RunSplit(chain[2 * l + 1], x, h2, M2, sp, st, true);
+        }) / kLayers;
+        const double chain_op = TimeGraph(st, [&] {
+          for (int l = 0; l < kLayers; ++l) {
+            Run(chain[2 * l], x, h1, M2, tiles, st, true);
+            Run(chain[2 * l + 1], h1, x, M2, tiles, st, true);
+          }
+        });
+        const double chain_split = TimeGraph(st, [&] {
+          for (int l = 0; l < kLayers; ++l) {
+            Run(chain[2 * l], x, h1, M2, tiles, st, true);
+            RunSplit(chain[2 * l + 1], h1, x, M2, sp, st, true);
+          }
+        });
+        std::printf("  M=%-2d down per launch: op tiles %5.1f us, split %5.1f us | chain: op tiles %6.1f us, with split down %6.1f us (%.0f%%)\n",
+                    M2, per_op, per_split, chain_op, chain_split, 100.0 * chain_bytes / chain_split / 1e3 / 4245.0);
+      }
+      std::fflush(stdout);
     }
   }
   if (!std::getenv("LAB_NO_BALANCE")) {
