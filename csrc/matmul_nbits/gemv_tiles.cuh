@@ -7,12 +7,11 @@
 //   * the nibbles come interleaved (k 0, 2, 4, 6, 1, 3, 5, 7), so the int4 -> fp16/bf16 conversion
 //     hands out pairs of adjacent k, the activations' own pairs: no byte permutes (PRMT);
 //   * a chunk's scales are one 64..256-byte block.
-// Measured (bench/gemv.py through ORT, device run 13; bench/NOTES.md version 3.2): the main loop 279
-// instructions per chunk instead of the stream kernel's 328; chain 4 x (5120->17408, 17408->5120) at
-// M=1 130.2 us instead of 135.7 (73% of the copy ceiling), lm_head 181.5 instead of 187.3 at M=1 and
-// 294.8 instead of 355.6 at M=16. A first lab copy of this kernel ran the chain in 122.9 us (lab run
-// 15); the 6% between them was an 8-byte stack frame (one spill before the loop, one reload after),
-// gone with EpilogueTask (gemv_stream.cuh): 123.4 us in lab run 17d.
+// Measured (bench/gemv.py through ORT, device run 16; bench/NOTES.md versions 3.2-3.3): the main loop
+// 279 instructions per chunk instead of the stream kernel's 328; chain 4 x (5120->17408, 17408->5120)
+// at M=1 126.3 us instead of 133.5 (75% of the copy ceiling), lm_head 179.2 instead of 187.3 at M=1
+// and 299.4 instead of 357.1 at M=16. Until version 3.3 an 8-byte stack frame (one spill before the
+// loop, one reload after) cost it 6%; EpilogueTask (gemv_stream.cuh) removed it (lab run 17).
 //
 // Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps over its
 // 32-k units in ascending order on exact (q - 8) values starting from zero (within a step the k order
