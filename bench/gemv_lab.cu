@@ -17,6 +17,11 @@
 //   3. the same chain read by a plain streaming kernel (16-byte loads, no math): what 8 launches of
 //      50 MB each can reach here (bench/gemv.py measures the copy ceiling the targets refer to);
 //   4. one shape at a time: 4 launches of gate_up (or down) at M = 1, us per launch.
+// Environment: LAB_KERNELS=0,1 (which kernels, in order: 0 stream, 1 tiles), LAB_NO_BALANCE=1 (skip
+// the balance probe at the end), LAB_LAUNCH_PROBE=1 (the same bytes as 4 launches and as one launch of
+// a 4x taller matrix, lab run 18), LAB_CARVEOUT=N. Lab runs 17-19 also compiled lab-only kernels into
+// this file (bench/lab/gemv_tiles_modes.cuh, gemv_lab15_kernel.cuh, gemv_tiles_split.cuh): they are in
+// the history at a724a5d (bench/results/2026-11-29-lab/README.md), not in the tree.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -29,10 +34,6 @@
 
 #include "matmul_nbits/gemv_stream.cuh"
 #include "lab/gemv_repacked.cuh"
-#include "lab/gemv_tiles_modes.cuh"
-#include "lab/gemv_lab15_kernel.cuh"
-#include "lab/gemv_tiles_split.cuh"
-#include <map>
 
 using namespace ort_mtp::gemv;
 
@@ -107,8 +108,7 @@ __global__ void ReadKernel(const uint4* p, size_t n16, uint32_t* sink, int pdl) 
 struct Cfg {
   int wps;        // warps per SM the plan aims at (the op: kStreamWarpsPerSm = 24)
   int min_warps;  // warps per block the plan fills with m-tiles (the op: kStreamMinBlockWarps = 4)
-  int repacked = 0;  // kernel id: 0 the op's stream kernel, 1 its tiles kernel (gemv_tiles.cuh) on the weights in the
-                     // tiles layout; 10 + m lab/gemv_tiles_modes.cuh mode m, 20 + v its mode 0 variant v; 15 lab 15's kernel
+  int repacked = 0;  // 0: the op's stream kernel; 1: its tiles kernel (gemv_tiles.cuh) on the weights in the tiles layout
 };
 
 struct Plan {
@@ -139,10 +139,7 @@ Plan MakePlan(int N, int K, int kc, const Cfg& c, int warp_bytes, Kernel kernel8
 template <int kNT, int kKernel>
 auto KernelOf() {
   if constexpr (kKernel == 0) return GemvStreamKernel<__half, kBS, 256, kNT, false>;
-  else if constexpr (kKernel == 1) return GemvTilesKernel<__half, kBS, kNT>;
-  else if constexpr (kKernel == 15) return lab15::GemvRepackedKernel<kNT>;
-  else if constexpr (kKernel >= 20) return lab::GemvTilesModeKernel<kNT, 0, kKernel - 20>;
-  else return lab::GemvTilesModeKernel<kNT, kKernel - 10>;
+  else return GemvTilesKernel<__half, kBS, kNT>;
 }
 
 template <int kNT, int kKernel>
@@ -153,7 +150,7 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
   constexpr bool kRepacked = kKernel != 0;
   auto kernel = KernelOf<kNT, kKernel>();
   // The plan comes from the 8-token kernel whatever M is: the K-split must not depend on M.
-  auto kernel8 = KernelOf<1, kKernel == 0 ? 0 : 1>();  // lab variants: the op's tiles plan
+  auto kernel8 = KernelOf<1, kKernel>();
   static bool configured = false;
   if (!configured) {
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
@@ -179,7 +176,7 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
   const int warps = pl.cut.tiles * pl.cut.kparts;
   lc.gridDim = dim3((unsigned)pl.cut.blocks, (M + C::kTokens - 1) / C::kTokens, 1);
   lc.blockDim = dim3(32 * warps, 1, 1);
-  lc.dynamicSmemBytes = warps * (C::kWarpBytes + (kKernel == 13 || kKernel == 14 ? 16 * kStreamStages : 0));
+  lc.dynamicSmemBytes = warps * C::kWarpBytes;
   lc.stream = st;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
@@ -193,53 +190,10 @@ void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStre
     else LaunchT<1, K>(m, a, y, M, c, st, pdl, out);       \
     break;
   switch (c.repacked) {
-    LAB_LAUNCH(0) LAB_LAUNCH(1) LAB_LAUNCH(10) LAB_LAUNCH(11) LAB_LAUNCH(12) LAB_LAUNCH(13) LAB_LAUNCH(14) LAB_LAUNCH(15) LAB_LAUNCH(21) LAB_LAUNCH(22) LAB_LAUNCH(24) LAB_LAUNCH(28) LAB_LAUNCH(35)
+    LAB_LAUNCH(0) LAB_LAUNCH(1)
     default: std::fprintf(stderr, "no kernel %d\n", c.repacked); std::exit(1);
   }
 #undef LAB_LAUNCH
-}
-
-// The K-split-across-blocks tiles kernel (lab/gemv_tiles_split.cuh): tiles x kparts warps per block,
-// ksplit blocks per row group, scratch allocated once (counters cleared once; the kernel resets them).
-struct Split {
-  int tiles, kparts, ksplit;
-};
-float* g_partial = nullptr;
-unsigned* g_counters = nullptr;
-
-void RunSplit(const Mat& m, const __half* a, __half* y, int M, const Split& sp, cudaStream_t st, bool pdl) {
-  if (!g_partial) {
-    CK(cudaMalloc(&g_partial, (size_t)8 * kI * 16 * 4));
-    CK(cudaMalloc(&g_counters, (size_t)kI * 4));
-    CK(cudaMemset(g_counters, 0, (size_t)kI * 4));
-  }
-  lab::SplitParams prm{};
-  prm.a = a; prm.b = m.bp; prm.scales = m.sp; prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
-  prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / 256;
-  prm.kparts = sp.kparts; prm.rows_per_block = 16 * sp.tiles; prm.pdl = pdl;
-  prm.alt_blocks = 0; prm.alt_kparts = 1; prm.alt_rows = 0;
-  prm.partial = g_partial; prm.counters = g_counters; prm.ksplit = sp.ksplit;
-  const int groups = (m.N + 16 * sp.tiles - 1) / (16 * sp.tiles);
-  if ((size_t)sp.ksplit * m.N * 16 > (size_t)8 * kI * 16 || groups > kI) { std::fprintf(stderr, "split scratch\n"); std::exit(1); }
-  const int warps = sp.tiles * sp.kparts;
-  auto kernel = M > 8 ? lab::GemvTilesSplitKernel<2> : lab::GemvTilesSplitKernel<1>;
-  static bool configured = false;
-  if (!configured) {
-    CK(cudaFuncSetAttribute(lab::GemvTilesSplitKernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamMaxWarps * TilesConfig<kBS>::kWarpBytes));
-    CK(cudaFuncSetAttribute(lab::GemvTilesSplitKernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kStreamMaxWarps * TilesConfig<kBS>::kWarpBytes));
-    configured = true;
-  }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3((unsigned)(groups * sp.ksplit), (M + (M > 8 ? 16 : 8) - 1) / (M > 8 ? 16 : 8), 1);
-  lc.blockDim = dim3(32 * warps, 1, 1);
-  lc.dynamicSmemBytes = warps * TilesConfig<kBS>::kWarpBytes;
-  lc.stream = st;
-  lc.attrs = attr;
-  lc.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&lc, kernel, prm));
 }
 
 double Median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
@@ -308,21 +262,6 @@ bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
     num += (v - hr[i]) * (v - hr[i]); den += (double)hr[i] * hr[i];
   }
   const double rel = std::sqrt(num / den);
-  // Against the op's tiles kernel (run before the lab modes): elements that differ, largest difference
-  // relative to the reference's rms.
-  static std::map<const Mat*, std::vector<__half>> baseline;
-  double differ = 0, maxdiff = 0;
-  if (c.repacked == 1) baseline[&m] = hy;
-  else if (baseline.count(&m)) {
-    const auto& b = baseline[&m];
-    for (size_t i = 0; i < hy.size(); ++i) {
-      const double dv = std::fabs((double)__half2float(hy[i]) - (double)__half2float(b[i]));
-      if (dv != 0) differ += 1;
-      maxdiff = std::max(maxdiff, dv);
-    }
-    differ /= hy.size();
-    maxdiff /= std::sqrt(den / hy.size());
-  }
   bool same = true;
   for (int row : {0, 5}) {
     CK(cudaMemset(y1, 0xFF, (size_t)m.N * 2));
@@ -346,8 +285,7 @@ bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
       if (std::memcmp(h16.data() + (size_t)row * m.N, hy.data() + (size_t)(row % 8) * m.N, (size_t)m.N * 2) != 0) same = false;
     CK(cudaFree(a16)); CK(cudaFree(y16));
   }
-  std::printf("  check %-8s rel_err %.3e finite %d rows_identical %d vs_tiles differ %.4f max %.2e\n", name, rel, finite,
-              same, differ, maxdiff);
+  std::printf("  check %-8s rel_err %.3e finite %d rows_identical %d\n", name, rel, finite, same);
   CK(cudaFree(a)); CK(cudaFree(y)); CK(cudaFree(y1)); CK(cudaFree(ref));
   return finite && same && rel < 2e-3;
 }
@@ -419,8 +357,8 @@ int main(int argc, char** argv) {
     cfgs = {{24, 4}};
   } else {
     // the op's stream kernel; its tiles kernel (packing=1); lab tiles modes 0, 1, 2 (lab/gemv_tiles_modes.cuh)
-    cfgs = {{24, 4, 1}, {24, 4, 15}};
-    if (const char* v = std::getenv("LAB_KERNELS")) {  // e.g. "1,15,21": kernel ids as in Run
+    cfgs = {{24, 4, 0}, {24, 4, 1}};  // the op's stream kernel; its tiles kernel (packing=1)
+    if (const char* v = std::getenv("LAB_KERNELS")) {  // e.g. "1,0": kernel ids as in Cfg
       cfgs.clear();
       for (const char* q = v; *q;) {
         cfgs.push_back({24, 4, std::atoi(q)});
@@ -440,11 +378,8 @@ int main(int argc, char** argv) {
     Run(chain[1], h1, h2, 1, c1, st, true, &pd);
     Run(head, x, h2, 1, c1, st, true, &ph);
     CK(cudaStreamSynchronize(st));
-    bool ok = true;
-    if (c.repacked != 11 && c.repacked != 14) {  // modes 1 and 4 compute nothing
-      ok = Check("gate_up", chain[0], c1, st) & Check("down", chain[1], c1, st);
-      if (!quick || &c == &cfgs[0]) ok &= Check("lm_head", head, c1, st);
-    }
+    bool ok = Check("gate_up", chain[0], c1, st) & Check("down", chain[1], c1, st);
+    if (!quick || &c == &cfgs[0]) ok &= Check("lm_head", head, c1, st);
     char label[96], plan[96];
     std::snprintf(label, sizeof label, "%d %d k%d%s", c.wps, c.min_warps, c.repacked, ok ? "" : " FAIL");
     std::snprintf(plan, sizeof plan, "%dx%d/%d/%.2fw %dx%d/%d/%.2fw %dx%d/%.1fw", pg.cut.tiles, pg.cut.kparts,
@@ -517,82 +452,6 @@ int main(int argc, char** argv) {
       std::printf("launch probe read %-7s 4 launches %6.1f us (%4.0f GB/s) | one launch %6.1f us (%4.0f GB/s) (weights only)\n",
                   which ? "down" : "gate_up", four, 4 * wbytes / four / 1e3, one, 4 * wbytes / one / 1e3);
       CK(cudaFree(tall.b)); CK(cudaFree(tall.s)); CK(cudaFree(tall.bp)); CK(cudaFree(tall.sp));
-    }
-  }
-  // Split probe (LAB_SPLIT="tiles,kparts,ksplit;..."): down through the K-split kernel, checked against
-  // the reference and across M, then per launch (4 layers) and in the chain with gate_up on the op's
-  // tiles kernel, against the op's tiles kernel on both.
-  if (const char* v = std::getenv("LAB_SPLIT")) {
-    std::vector<Split> splits;
-    for (const char* q = v; *q;) {
-      Split sp{};
-      if (std::sscanf(q, "%d,%d,%d", &sp.tiles, &sp.kparts, &sp.ksplit) != 3) break;
-      splits.push_back(sp);
-      while (*q && *q != ';') ++q;
-      if (*q == ';') ++q;
-    }
-    const Cfg tiles{24, 4, 1};
-    const Mat& down = chain[1];
-    for (const Split& sp : splits) {
-      // correctness: M = 8 against the reference, rows 0 and 5 against M = 1, rows 3 and 11 of M = 16
-      const int M = 8;
-      __half *a, *yy, *y1, *a16, *y16; float* ref;
-      CK(cudaMalloc(&a, (size_t)16 * down.K * 2)); CK(cudaMalloc(&yy, (size_t)16 * down.N * 2));
-      CK(cudaMalloc(&y1, (size_t)down.N * 2)); CK(cudaMalloc(&ref, (size_t)M * down.N * 4));
-      a16 = a; y16 = yy;
-      FillHalf<<<256, 256>>>(a, (size_t)M * down.K, 4321u, -1.f, 1.f);
-      CK(cudaMemcpy(a + (size_t)M * down.K, a, (size_t)M * down.K * 2, cudaMemcpyDeviceToDevice));
-      RefKernel<<<dim3((down.N + 127) / 128, M), 128, 0, st>>>(a, down.b, down.s, ref, M, down.N, down.K);
-      std::vector<__half> v8((size_t)M * down.N), v1(down.N), v16((size_t)16 * down.N);
-      std::vector<float> hr((size_t)M * down.N);
-      RunSplit(down, a, yy, M, sp, st, false);
-      CK(cudaStreamSynchronize(st)); CK(cudaGetLastError());
-      CK(cudaMemcpy(v8.data(), yy, v8.size() * 2, cudaMemcpyDeviceToHost));
-      CK(cudaMemcpy(hr.data(), ref, hr.size() * 4, cudaMemcpyDeviceToHost));
-      double num = 0, den = 0;
-      for (size_t i = 0; i < v8.size(); ++i) {
-        const double d = (double)__half2float(v8[i]) - hr[i];
-        num += d * d; den += (double)hr[i] * hr[i];
-      }
-      bool same = true;
-      for (int row : {0, 5}) {
-        RunSplit(down, a + (size_t)row * down.K, y1, 1, sp, st, false);
-        CK(cudaStreamSynchronize(st));
-        CK(cudaMemcpy(v1.data(), y1, v1.size() * 2, cudaMemcpyDeviceToHost));
-        if (std::memcmp(v1.data(), v8.data() + (size_t)row * down.N, (size_t)down.N * 2)) same = false;
-      }
-      RunSplit(down, a16, y16, 16, sp, st, false);
-      CK(cudaStreamSynchronize(st));
-      CK(cudaMemcpy(v16.data(), y16, v16.size() * 2, cudaMemcpyDeviceToHost));
-      for (int row : {3, 11})
-        if (std::memcmp(v16.data() + (size_t)row * down.N, v8.data() + (size_t)(row % 8) * down.N, (size_t)down.N * 2)) same = false;
-      CK(cudaFree(a)); CK(cudaFree(yy)); CK(cudaFree(y1)); CK(cudaFree(ref));
-      const int groups = down.N / (16 * sp.tiles);
-      std::printf("split %dx%dx%d (%d blocks, %.2f per SM): down rel_err %.3e rows_identical %d\n", sp.tiles, sp.kparts,
-                  sp.ksplit, groups * sp.ksplit, groups * sp.ksplit / (double)g_sms, std::sqrt(num / den), same);
-      for (int M2 : {1, 8, 16}) {
-        const double per_op = TimeGraph(st, [&] {
-          for (int l = 0; l < kLayers; ++l) Run(chain[2 * l + 1], x, h2, M2, tiles, st, true);
-        }) / kLayers;
-        const double per_split = TimeGraph(st, [&] {
-          for (int l = 0; l < kLayers; ++l) RunSplit(chain[2 * l + 1], x, h2, M2, sp, st, true);
-        }) / kLayers;
-        const double chain_op = TimeGraph(st, [&] {
-          for (int l = 0; l < kLayers; ++l) {
-            Run(chain[2 * l], x, h1, M2, tiles, st, true);
-            Run(chain[2 * l + 1], h1, x, M2, tiles, st, true);
-          }
-        });
-        const double chain_split = TimeGraph(st, [&] {
-          for (int l = 0; l < kLayers; ++l) {
-            Run(chain[2 * l], x, h1, M2, tiles, st, true);
-            RunSplit(chain[2 * l + 1], h1, x, M2, sp, st, true);
-          }
-        });
-        std::printf("  M=%-2d down per launch: op tiles %5.1f us, split %5.1f us | chain: op tiles %6.1f us, with split down %6.1f us (%.0f%%)\n",
-                    M2, per_op, per_split, chain_op, chain_split, 100.0 * chain_bytes / chain_split / 1e3 / 4245.0);
-      }
-      std::fflush(stdout);
     }
   }
   if (!std::getenv("LAB_NO_BALANCE")) {
