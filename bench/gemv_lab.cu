@@ -17,7 +17,8 @@
 //   3. the same chain read by a plain streaming kernel (16-byte loads, no math): what 8 launches of
 //      50 MB each can reach here (bench/gemv.py measures the copy ceiling the targets refer to);
 //   4. one shape at a time: 4 launches of gate_up (or down) at M = 1, us per launch.
-// Environment: LAB_KERNELS=0,1 (which kernels, in order: 0 stream, 1 tiles), LAB_NO_BALANCE=1 (skip
+// Environment: LAB_KERNELS=0,1,1:20 (which kernels, in order: 0 stream, 1 tiles; :W plans for W warps
+// per SM instead of 24), LAB_NO_BALANCE=1 (skip
 // the balance probe at the end), LAB_LAUNCH_PROBE=1 (the same bytes as 4 launches and as one launch of
 // a 4x taller matrix, lab run 18), LAB_CARVEOUT=N. Lab runs 17-19 also compiled lab-only kernels into
 // this file (bench/lab/gemv_tiles_modes.cuh, gemv_lab15_kernel.cuh, gemv_tiles_split.cuh): they are in
@@ -358,10 +359,13 @@ int main(int argc, char** argv) {
   } else {
     // the op's stream kernel; its tiles kernel (packing=1); lab tiles modes 0, 1, 2 (lab/gemv_tiles_modes.cuh)
     cfgs = {{24, 4, 0}, {24, 4, 1}};  // the op's stream kernel; its tiles kernel (packing=1)
-    if (const char* v = std::getenv("LAB_KERNELS")) {  // e.g. "1,0": kernel ids as in Cfg
+    if (const char* v = std::getenv("LAB_KERNELS")) {  // e.g. "1,0,1:20": kernel ids as in Cfg[:warps per SM]
       cfgs.clear();
       for (const char* q = v; *q;) {
-        cfgs.push_back({24, 4, std::atoi(q)});
+        Cfg c{24, 4, std::atoi(q)};
+        while (*q && *q != ',' && *q != ':') ++q;
+        if (*q == ':') c.wps = std::atoi(++q);  // "1:20": kernel 1, a plan for 20 warps per SM
+        cfgs.push_back(c);
         while (*q && *q != ',') ++q;
         if (*q == ',') ++q;
       }
