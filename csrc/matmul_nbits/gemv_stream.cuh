@@ -210,6 +210,13 @@ __device__ __forceinline__ void AddScaledBlock(float (&acc)[kNT][4], const float
   }
 }
 
+// The stage after `stage` in a warp's ring of kStreamStages stages (kStageBytes each, from `ring` to
+// `last_stage`), wrapping to the first: both kernels' copy and read positions walk the ring this way.
+template <int kStageBytes>
+__device__ __forceinline__ uint32_t NextStage(uint32_t stage, uint32_t ring, uint32_t last_stage) {
+  return stage == last_stage ? ring : stage + kStageBytes;
+}
+
 // The prologue of both kernels once their first stages are in flight. Weights and scales (and zero
 // points) are session constants, the activations are the previous kernel's output: with programmatic
 // dependent launch, let the next kernel start its own prologue and wait for the previous one to
@@ -225,6 +232,15 @@ __device__ __forceinline__ void WaitForActivations(const StreamParams& p, const 
 #pragma unroll
   for (int nt = 0; nt < kNT; ++nt)
     arow[nt] = static_cast<const T*>(p.a) + static_cast<int64_t>(w.tok0 + min(8 * nt + g, w.m_count - 1)) * p.K + 8 * t;
+}
+
+// Both kernels' start: issue(i) copies chunk i of the warp's run into the ring; the first
+// kStreamStages - 1 are issued, then WaitForActivations (they load while the previous kernel finishes).
+template <typename T, int kNT, typename Issue>
+__device__ __forceinline__ void StartRun(Issue& issue, const StreamParams& p, const WarpTask& w, const T* (&arow)[kNT]) {
+#pragma unroll
+  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
+  WaitForActivations<T, kNT>(p, w, arow);
 }
 
 // The epilogue of both kernels: every warp's (16 rows x tokens) sums meet in shared memory (the rings
@@ -347,15 +363,13 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
       if (s_lane) CpAsyncSmall<Cfg::kScaleBytes>(fill + sdst, snext, s_valid);
       wnext += Cfg::kRowBytes;
       snext += Cfg::kSpc * 2;
-      fill = fill == last_stage ? ring : fill + Cfg::kStageBytes;
+      fill = NextStage<Cfg::kStageBytes>(fill, ring, last_stage);
     }
     CpAsyncCommit();
   };
 
-#pragma unroll
-  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
   const T* arow[kNT];
-  WaitForActivations<T, kNT>(p, task, arow);  // the first stages load while the previous kernel finishes
+  StartRun<T, kNT>(issue, p, task, arow);
 
   // Lane (g, t): ldmatrix row address; mma column g = token tok0 + 8 nt + g (arow); k-slot t.
   const int g = lane >> 2;
@@ -447,7 +461,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
         }
       }
     }
-    stage = stage == last_stage ? ring : stage + Cfg::kStageBytes;
+    stage = NextStage<Cfg::kStageBytes>(stage, ring, last_stage);
   }
   CpAsyncWait<0>();
   SumKPartsAndStore<T, kNT>(p, EpilogueTask<kNT>(p, task), acc, smem);

@@ -64,14 +64,12 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
       if (s_lane) CpAsyncSmall<8>(fill + Cfg::kWBytes + lane * 8, snext, true);
       wnext += Cfg::kWBytes;
       snext += Cfg::kSBytes;
-      fill = fill == last_stage ? ring : fill + Cfg::kStageBytes;
+      fill = NextStage<Cfg::kStageBytes>(fill, ring, last_stage);
     }
     CpAsyncCommit();
   };
-#pragma unroll
-  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
   const T* arow[kNT];
-  WaitForActivations<T, kNT>(p, task, arow);  // the first stages load while the previous kernel finishes
+  StartRun<T, kNT>(issue, p, task, arow);
   const int g = lane >> 2;
 
   float acc[kNT][4];
@@ -134,7 +132,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
         }
       }
     }
-    stage = stage == last_stage ? ring : stage + Cfg::kStageBytes;
+    stage = NextStage<Cfg::kStageBytes>(stage, ring, last_stage);
   }
   CpAsyncWait<0>();
   SumKPartsAndStore<T, kNT>(p, EpilogueTask<kNT>(p, task), acc, smem);
