@@ -339,9 +339,9 @@ int main(int argc, char** argv) {
     std::printf("read lm_head weights: %.1f us, %.0f GB/s\n", us, head_bytes / us / 1e3);
   }
 
-  // --profile WPS MINW M: plain launches of gate_up, down, lm_head (for ncu).
+  // --profile WPS MINW M [KERNEL]: plain launches of gate_up, down, lm_head (for ncu).
   if (argc > 1 && !std::strcmp(argv[1], "--profile")) {
-    Cfg c{std::atoi(argv[2]), std::atoi(argv[3])};
+    Cfg c{std::atoi(argv[2]), std::atoi(argv[3]), argc > 5 ? std::atoi(argv[5]) : 0};
     const int M = std::atoi(argv[4]);
     for (int rep = 0; rep < 2; ++rep) {
       Run(chain[0], x, h1, M, c, st, false);
