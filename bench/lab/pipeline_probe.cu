@@ -2,7 +2,7 @@
 // like the GEMV's read the chain's weights, and what in the op's tiles kernel costs time beyond it? The
 // chain is bench/gemv_lab.cu's (4 x (17408 x 5120, 5120 x 17408) int4 weights), 8 launches under a CUDA
 // graph with programmatic dependent launch. Always run:
-//   grid   the plain streaming read (gemv_lab.cu's ReadKernel: grid-stride, 4 x 16-byte loads per
+//   grid   the plain streaming read (ReadKernel, lab/lab_common.cuh: grid-stride, 4 x 16-byte loads per
 //          thread, 4 blocks of 256 threads per SM): the floor the kernels are compared with;
 //   tiles  the op's tiles kernel (gemv_tiles.cuh, fp16, block 32, M = 1) and TilesProbe, a copy of it with
 //          the math, the scales' copies and the activations' loads switched off one by one, on the op's
@@ -17,8 +17,9 @@
 // loading (as ReadKernel does), and end with a block barrier (as the GEMV epilogue does). Unused shared
 // memory keeps the ldg variants at W warps per SM too.
 //
-//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -o build/lab/pipeline_probe bench/lab/pipeline_probe.cu
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -Ibench -o build/lab/pipeline_probe bench/lab/pipeline_probe.cu
 //   run(command='PROBE_RUNS=1 ./build/lab/pipeline_probe', carry=['build/lab'])
+// (Runs 22-26 timed 9 sets of 20 replays each; the shared TimeGraph (lab/lab_common.cuh) now takes 7.)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,45 +27,12 @@
 #include <cstdlib>
 #include <vector>
 
+#include "lab/lab_common.cuh"
 #include "matmul_nbits/gemv_tiles.cuh"
 
 using namespace ort_mtp::gemv;
 
-#define CK(x)                                                                                 \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
-
 constexpr int kChunk = 2048;  // bytes of one tile-chunk (16 rows x 256 k of int4)
-
-__device__ __forceinline__ uint4 Ldg16(const uint8_t* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-__global__ void GridRead(const uint4* p, size_t n16, uint32_t* sink) {
-  GridDependencyTrigger();
-  GridDependencyWait();
-  uint32_t x = 0;
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n16; i += 4 * stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = Ldg16(reinterpret_cast<const uint8_t*>(p + i + j * stride));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) x ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
-  }
-  for (; i < n16; i += stride) { uint4 v = p[i]; x ^= v.x ^ v.y ^ v.z ^ v.w; }
-  if (x == 0x12345678u) sink[0] = x;
-}
 
 // The j-th chunk of warp w's runs (runs of c chunks, dealt to the warps round-robin).
 __device__ __forceinline__ int64_t ChunkOf(int64_t w, int64_t warps, int c, int64_t j) {
@@ -245,39 +213,6 @@ __global__ void __maxnreg__(80)
   SumKPartsAndStore<T, kNT>(p, EpilogueTask<kNT>(p, task), acc, smem);
 }
 
-double Median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
-
-template <typename F>
-double TimeGraph(cudaStream_t st, F body, int reps = 9, int iters = 20) {
-  cudaGraph_t g; cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  body();
-  CK(cudaStreamEndCapture(st, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
-  CK(cudaStreamSynchronize(st));
-  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(e0, st));
-    for (int i = 0; i < iters; ++i) CK(cudaGraphLaunch(ge, st));
-    CK(cudaEventRecord(e1, st));
-    CK(cudaEventSynchronize(e1));
-    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(1000.0 * ms / iters);
-  }
-  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
-  return Median(t);
-}
-
-__global__ void FillBytes(uint8_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13;
-    p[i] = (uint8_t)x;
-  }
-}
-
 template <typename K>
 void Launch(K kernel, int blocks, int threads, int smem, cudaStream_t st, const uint8_t* b, int64_t total, int c,
             uint32_t* sink) {
@@ -315,7 +250,7 @@ int main() {
              attr[0].val.programmaticStreamSerializationAllowed = 1;
              cudaLaunchConfig_t lc{};
              lc.gridDim = dim3(sms * 4); lc.blockDim = dim3(256); lc.stream = st; lc.attrs = attr; lc.numAttrs = 1;
-             CK(cudaLaunchKernelEx(&lc, GridRead, (const uint4*)m, mat / 16, sink));
+             CK(cudaLaunchKernelEx(&lc, ReadKernel, (const uint4*)m, mat / 16, sink, 1));
            }
          }));
 

@@ -1,0 +1,86 @@
+// Helpers of the device lab programs (bench/gemv_lab.cu, bench/lab/pipeline_probe.cu): CUDA error
+// checks, fresh non-zero bytes, the plain streaming read (the floor the kernels are compared with),
+// and the median time of a CUDA graph's replays. Lab only.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "matmul_nbits/gemv_ptx.cuh"  // GridDependencyTrigger / Wait
+
+#define CK(x)                                                                                    \
+  do {                                                                                           \
+    cudaError_t e_ = (x);                                                                        \
+    if (e_ != cudaSuccess) {                                                                     \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+__global__ void FillBytes(uint8_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13; x *= 3266489917u; x ^= x >> 16;
+    p[i] = (uint8_t)x;
+  }
+}
+__device__ __forceinline__ uint4 Ldg16(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// Streaming read of a matrix's weights and scales (the floor for one launch of that size).
+__global__ void ReadKernel(const uint4* p, size_t n16, uint32_t* sink, int pdl) {
+  if (pdl) {
+    ort_mtp::gemv::GridDependencyTrigger();
+    ort_mtp::gemv::GridDependencyWait();
+  }
+  uint32_t x = 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[j] = Ldg16(p + i + j * stride);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < n16; i += stride) { uint4 v = p[i]; x ^= v.x ^ v.y ^ v.z ^ v.w; }
+  if (x == 0x12345678u) sink[0] = x;
+}
+
+double Median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }
+
+// Median us per replay of a graph holding `body`.
+template <typename F>
+double TimeGraph(cudaStream_t st, F body, int reps = 7, int iters = 20) {
+  cudaGraph_t g; cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  body();
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, st));
+  CK(cudaStreamSynchronize(st));
+  cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(e0, st));
+    for (int i = 0; i < iters; ++i) CK(cudaGraphLaunch(ge, st));
+    CK(cudaEventRecord(e1, st));
+    CK(cudaEventSynchronize(e1));
+    float ms; CK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(1000.0 * ms / iters);
+  }
+  CK(cudaGraphExecDestroy(ge)); CK(cudaGraphDestroy(g));
+  CK(cudaEventDestroy(e0)); CK(cudaEventDestroy(e1));
+  return Median(t);
+}
