@@ -17,7 +17,8 @@
 //   3. the same chain read by a plain streaming kernel (16-byte loads, no math): what 8 launches of
 //      50 MB each can reach here (bench/gemv.py measures the copy ceiling the targets refer to);
 //   4. one shape at a time: 4 launches of gate_up (or down) at M = 1, us per launch.
-// Environment: LAB_KERNELS=0,1,1:20 (which kernels, in order: 0 stream, 1 tiles; :W plans for W warps
+// Environment: LAB_NO_ACT_RING=1 (the kernels at M = 1 without their activations in the ring),
+// LAB_KERNELS=0,1,1:20 (which kernels, in order: 0 stream, 1 tiles; :W plans for W warps
 // per SM instead of 24), LAB_NO_BALANCE=1 (skip
 // the balance probe at the end), LAB_LAUNCH_PROBE=1 (the same bytes as 4 launches and as one launch of
 // a 4x taller matrix, lab run 18), LAB_CARVEOUT=N. Lab runs 17-19 also compiled lab-only kernels into
@@ -84,6 +85,9 @@ struct Plan {
 };
 
 int g_sms = 132, g_smem_sm = 0, g_smem_block = 0;
+// LAB_NO_ACT_RING=1: the kernels at M = 1 load their activations from global memory as at M = 2..8,
+// instead of taking them through the ring (the op's M = 1 kernels, gemv::RingActivations).
+const bool g_no_act_ring = std::getenv("LAB_NO_ACT_RING") != nullptr;
 
 // The op's cut (gemv::CutStream) with the configuration's constants.
 template <typename Kernel>
@@ -102,19 +106,19 @@ Plan MakePlan(int N, int K, int kc, const Cfg& c, int warp_bytes, Kernel kernel8
   return p;
 }
 
-template <int kNT, int kKernel>
+template <int kNT, int kKernel, bool kActRing = false>
 auto KernelOf() {
-  if constexpr (kKernel == 0) return GemvStreamKernel<__half, kBS, 256, kNT, false>;
-  else return GemvTilesKernel<__half, kBS, kNT>;
+  if constexpr (kKernel == 0) return GemvStreamKernel<__half, kBS, 256, kNT, false, kActRing>;
+  else return GemvTilesKernel<__half, kBS, kNT, kActRing>;
 }
 
-template <int kNT, int kKernel>
+template <int kNT, int kKernel, bool kActRing = false>
 void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out) {
   constexpr int kKC = 256;
   using C = StreamConfig<kBS, kKC, kNT>;
   static_assert(StreamConfig<kBS, kKC, 1>::kWarpBytes == TilesConfig<kBS>::kWarpBytes, "the same ring per warp");
   constexpr bool kRepacked = kKernel != 0;
-  auto kernel = KernelOf<kNT, kKernel>();
+  auto kernel = KernelOf<kNT, kKernel, kActRing>();
   // The plan comes from the 8-token kernel whatever M is: the K-split must not depend on M.
   auto kernel8 = KernelOf<1, kKernel>();
   static bool configured = false;
@@ -142,7 +146,8 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
   const int warps = pl.cut.tiles * pl.cut.kparts;
   lc.gridDim = dim3((unsigned)pl.cut.blocks, (M + C::kTokens - 1) / C::kTokens, 1);
   lc.blockDim = dim3(32 * warps, 1, 1);
-  lc.dynamicSmemBytes = warps * C::kWarpBytes;
+  lc.dynamicSmemBytes = warps * (kKernel == 0 ? StreamConfig<kBS, kKC, kNT, kActRing>::kWarpBytes
+                                               : TilesConfig<kBS, kActRing>::kWarpBytes);
   lc.stream = st;
   lc.attrs = attr;
   lc.numAttrs = pdl ? 1 : 0;
@@ -150,10 +155,11 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
 }
 
 void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out = nullptr) {
-#define LAB_LAUNCH(K)                                    \
-  case K:                                                \
-    if (M > 8) LaunchT<2, K>(m, a, y, M, c, st, pdl, out); \
-    else LaunchT<1, K>(m, a, y, M, c, st, pdl, out);       \
+#define LAB_LAUNCH(K)                                                                     \
+  case K:                                                                                 \
+    if (M > 8) LaunchT<2, K>(m, a, y, M, c, st, pdl, out);                                \
+    else if (M == 1 && !g_no_act_ring) LaunchT<1, K, true>(m, a, y, M, c, st, pdl, out);   \
+    else LaunchT<1, K>(m, a, y, M, c, st, pdl, out);                                      \
     break;
   switch (c.repacked) {
     LAB_LAUNCH(0) LAB_LAUNCH(1)

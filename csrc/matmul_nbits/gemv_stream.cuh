@@ -56,7 +56,9 @@ struct StreamParams : GemvOperands {  // zero_points: packed int4 (read only by 
 constexpr int kStreamMaxWarps = 16;  // 512 threads: the compiler may use up to 128 registers
 constexpr int kStreamStages = 3;     // 2 chunks in flight per warp (2 to 4 measured the same)
 
-template <int kBS, int kKC, int kNT>
+// kActRing: the stage also holds the chunk's activations of a single token (the M = 1 kernels,
+// RingActivations below).
+template <int kBS, int kKC, int kNT, bool kActRing = false>
 struct StreamConfig {
   static_assert(kBS == 32 || kBS == 64 || kBS == 128 || kBS == 256, "block size");
   static_assert(kKC % 128 == 0 && kKC % kBS == 0, "a chunk holds whole quant blocks");
@@ -68,7 +70,8 @@ struct StreamConfig {
   static constexpr int kSpc = kKC / kBS;             // quant blocks per row per stage
   static constexpr int kScaleBytes = 2 * kSpc;       // per row per stage: 4, 8 or 16
   static constexpr int kWBytes = kRows * kRowBytes;
-  static constexpr int kStageBytes = kWBytes + kRows * kScaleBytes;
+  static constexpr int kABytes = kActRing ? kKC * 2 : 0;  // one token's activations of the chunk
+  static constexpr int kStageBytes = kWBytes + kRows * kScaleBytes + kABytes;
   static constexpr int kWarpBytes = kStreamStages * kStageBytes;  // one warp's ring
   static constexpr int kPieces = kRows * kUnits;     // 16-byte weight copies per stage
   static_assert(kPieces % 32 == 0, "whole copies per lane");
@@ -243,6 +246,50 @@ __device__ __forceinline__ void StartRun(Issue& issue, const StreamParams& p, co
   WaitForActivations<T, kNT>(p, w, arow);
 }
 
+// The M = 1 kernels (kActRing) take their activations through the ring, beside the chunk's weights,
+// instead of loading them from global memory at the top of each chunk. There each chunk's first mma
+// waited on activations from L2 issued a few instructions earlier (Nsight Compute: ~43% of the stall
+// samples at M = 1), and no register was left to load them a chunk ahead (bench/NOTES.md, lab runs
+// 24-27). In the ring they arrive with the weights, kStreamStages - 1 chunks ahead, and are read per
+// unit from shared memory. One token's kKC * 2 bytes per stage fit beside the rings of the plan's 24
+// warps per SM (eight tokens' would not). The arithmetic is the 8-token kernel's (the same mma on the
+// same values in the same order), so rows stay bit-identical across M.
+template <typename T, int kKC>
+struct RingActivations {
+  static constexpr int kBytes = kKC * 2;
+  static constexpr int kCopies = kBytes / 16;  // 16-byte copies per chunk: 16, 32 or 64
+  const T* next;                               // this lane's part of the next chunk's activations
+
+  __device__ __forceinline__ RingActivations(const StreamParams& p, const WarpTask& w)
+      : next(static_cast<const T*>(p.a) + static_cast<int64_t>(w.tok0) * p.K + static_cast<int64_t>(w.c_begin) * kKC +
+             (threadIdx.x & 31) * 8) {}
+
+  // The next chunk's activations into the stage's activation area at dst (no group committed).
+  __device__ __forceinline__ void Copy(uint32_t dst) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int q = 0; q < (kCopies + 31) / 32; ++q)
+      if (kCopies >= 32 || lane < kCopies) CpAsync16(dst + q * 512 + lane * 16, next + q * 256, true);
+    next += kKC;
+  }
+
+  // After StartRun (the first stages' weights in flight, the previous kernel done): the first stages'
+  // activations, one group each after the weights' groups, so that the wait of iteration i (all but
+  // the newest kStreamStages - 2 groups) covers chunk i's activations too.
+  __device__ __forceinline__ void First(uint32_t ring, int stage_bytes, int act_offset, int c_count) {
+#pragma unroll
+    for (int s = 0; s < kStreamStages - 1; ++s) {
+      if (s < c_count) Copy(ring + s * stage_bytes + act_offset);
+      CpAsyncCommit();
+    }
+  }
+
+  // Unit u (32 k) of a stage's activations as lane (g, t) holds it: k 8t..8t+7 (every g: one token).
+  __device__ __forceinline__ static uint4 Unit(uint32_t stage_act, int u) {
+    return LdShared128(stage_act + u * 64 + (threadIdx.x & 3) * 16);
+  }
+};
+
 // The epilogue of both kernels: every warp's (16 rows x tokens) sums meet in shared memory (the rings
 // are free once every warp is past its loop), the K-parts of an m-tile are added in K-part order,
 // plus bias, one rounding, stored. acc is the mma accumulator layout: lane (g, t) holds rows g and
@@ -306,9 +353,11 @@ constexpr int StreamMaxRegs() {
   return 120;
 }
 
-template <typename T, int kBS, int kKC, int kNT, bool kZp>
+// kActRing: the M = 1 kernel, its activations in the ring (RingActivations).
+template <typename T, int kBS, int kKC, int kNT, bool kZp, bool kActRing = false>
 __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRegs<kKC, kNT, kZp>())) GemvStreamKernel(const __grid_constant__ StreamParams p) {
-  using Cfg = StreamConfig<kBS, kKC, kNT>;
+  static_assert(!kActRing || kNT == 1, "activations in the ring: one token per pass");
+  using Cfg = StreamConfig<kBS, kKC, kNT, kActRing>;
   using Dq = Int4Dequant<T>;
   extern __shared__ __align__(128) unsigned char smem[];
 
@@ -349,8 +398,12 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
   const uint32_t sdst = static_cast<uint32_t>(Cfg::kWBytes + (s_lane ? lane : 0) * Cfg::kScaleBytes);
   const uint32_t last_stage = ring + static_cast<uint32_t>((kStreamStages - 1) * Cfg::kStageBytes);
   uint32_t fill = ring;  // the stage the next issue fills
+  constexpr int kActOffset = Cfg::kWBytes + Cfg::kRows * Cfg::kScaleBytes;  // the stage's activations (kActRing)
+  RingActivations<T, kKC> ract(p, task);
 
-  auto issue = [&](int i) {  // chunk i of this warp's run into the next stage; always commits a group
+  // Chunk i of this warp's run into the next stage (its activations too with kActRing, once they may
+  // be read); always commits a group.
+  auto issue = [&](int i, bool with_act) {
     if (i < c_count) {
       const uint8_t* src = wnext;
 #pragma unroll
@@ -361,6 +414,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
         src += pass_bytes;
       }
       if (s_lane) CpAsyncSmall<Cfg::kScaleBytes>(fill + sdst, snext, s_valid);
+      if (kActRing && with_act) ract.Copy(fill + kActOffset);
       wnext += Cfg::kRowBytes;
       snext += Cfg::kSpc * 2;
       fill = NextStage<Cfg::kStageBytes>(fill, ring, last_stage);
@@ -368,8 +422,10 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
     CpAsyncCommit();
   };
 
+  auto issue_weights = [&](int i) { issue(i, false); };
   const T* arow[kNT];
-  StartRun<T, kNT>(issue, p, task, arow);
+  StartRun<T, kNT>(issue_weights, p, task, arow);
+  if constexpr (kActRing) ract.First(ring, Cfg::kStageBytes, kActOffset, c_count);
 
   // Lane (g, t): ldmatrix row address; mma column g = token tok0 + 8 nt + g (arow); k-slot t.
   const int g = lane >> 2;
@@ -399,10 +455,12 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
     // work. Loaded per unit pair instead they cost ~25% at M = 8 (device lab run 2) and, although that
     // saves 46 registers at 16 tokens, 10-50% at M = 16 (lab run 7).
     uint4 act[kNT][Cfg::kUnits];
+    if constexpr (!kActRing) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int u = 0; u < Cfg::kUnits; ++u) act[nt][u] = __ldg(reinterpret_cast<const uint4*>(arow[nt] + k0 + 32 * u));
+        for (int u = 0; u < Cfg::kUnits; ++u) act[nt][u] = __ldg(reinterpret_cast<const uint4*>(arow[nt] + k0 + 32 * u));
+    }
     uint32_t zbytes[2][Cfg::kSpc / 2];  // packed zero points of the chunk's blocks, rows g and g + 8
     if constexpr (kZp) {
 #pragma unroll
@@ -413,7 +471,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
 
     CpAsyncWait<kStreamStages - 2>();
     __syncwarp();
-    issue(i + kStreamStages - 1);  // into the stage read in iteration i - 1 (all lanes are past it)
+    issue(i + kStreamStages - 1, true);  // into the stage read in iteration i - 1 (all lanes are past it)
 
     // This lane's scales (rows g and g + 8), read at the end of each quant block.
     const uint16_t* sc = reinterpret_cast<const uint16_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes) + g * Cfg::kSpc;
@@ -426,6 +484,10 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
       uint32_t w[4];  // [row g unit u2, row g+8 unit u2, row g unit u2+1, row g+8 unit u2+1]
       LdMatrixX4(w, stage + static_cast<uint32_t>(lm_row * Cfg::kRowBytes +
                                                   SwizzleUnit<Cfg::kUnits>(lm_row, u2 + lm_unit) * 16));
+      if constexpr (kActRing) {  // the pair's 2 units
+#pragma unroll
+        for (int uu = 0; uu < 2; ++uu) act[0][u2 + uu] = RingActivations<T, kKC>::Unit(stage + kActOffset, u2 + uu);
+      }
 #pragma unroll
       for (int uu = 0; uu < 2; ++uu) {
         const int u = u2 + uu;

@@ -23,7 +23,9 @@
 namespace ort_mtp {
 namespace gemv {
 
-template <int kBS>
+// kActRing: the stage also holds the chunk's 512 bytes of activations of a single token (the M = 1
+// kernel, ActivationsInRing below).
+template <int kBS, bool kActRing = false>
 struct TilesConfig {
   static_assert(kBS == 32 || kBS == 64 || kBS == 128, "block size");
   static constexpr int kKC = 256;                  // k per chunk: one tile-chunk
@@ -31,14 +33,17 @@ struct TilesConfig {
   static constexpr int kPerRow = kKC / kBS;        // scales per row and chunk
   static constexpr int kSBytes = 16 * kPerRow * 2;  // a tile-chunk's scales: 256, 128 or 64 bytes
   static constexpr int kSLanes = kSBytes / 8;      // lanes that copy them, 8 bytes each
-  static constexpr int kStageBytes = kWBytes + kSBytes;
+  static constexpr int kABytes = kActRing ? kKC * 2 : 0;  // one token's activations of the chunk
+  static constexpr int kStageBytes = kWBytes + kSBytes + kABytes;
   static constexpr int kWarpBytes = kStreamStages * kStageBytes;
 };
 
-template <typename T, int kBS, int kNT>
+// kActRing: the M = 1 kernel, its activations in the ring (RingActivations, gemv_stream.cuh).
+template <typename T, int kBS, int kNT, bool kActRing = false>
 __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 80 : 128)
     GemvTilesKernel(const __grid_constant__ StreamParams p) {
-  using Cfg = TilesConfig<kBS>;
+  static_assert(!kActRing || kNT == 1, "activations in the ring: one token per pass");
+  using Cfg = TilesConfig<kBS, kActRing>;
   using Dq = Int4Dequant<T>;
   constexpr int kTokens = 8 * kNT, kUnits = Cfg::kKC / 32, kUnitsPerBlock = kBS / 32;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -57,19 +62,26 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
   const bool s_lane = lane < Cfg::kSLanes;
   const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 8;
   uint32_t fill = ring;
-  auto issue = [&](int i) {  // chunk i of this warp's run into the next stage; always commits a group
+  constexpr int kActOffset = Cfg::kWBytes + Cfg::kSBytes;  // the stage's activations (kActRing)
+  RingActivations<T, Cfg::kKC> ract(p, task);
+  // Chunk i of this warp's run into the next stage (its activations too with kActRing, once they
+  // may be read); always commits a group.
+  auto issue = [&](int i, bool with_act) {
     if (i < c_count) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) CpAsync16(fill + j * 512 + lane * 16, wnext + j * 512, true);
       if (s_lane) CpAsyncSmall<8>(fill + Cfg::kWBytes + lane * 8, snext, true);
+      if (kActRing && with_act) ract.Copy(fill + kActOffset);
       wnext += Cfg::kWBytes;
       snext += Cfg::kSBytes;
       fill = NextStage<Cfg::kStageBytes>(fill, ring, last_stage);
     }
     CpAsyncCommit();
   };
+  auto issue_weights = [&](int i) { issue(i, false); };
   const T* arow[kNT];
-  StartRun<T, kNT>(issue, p, task, arow);
+  StartRun<T, kNT>(issue_weights, p, task, arow);
+  if constexpr (kActRing) ract.First(ring, Cfg::kStageBytes, kActOffset, c_count);
   const int g = lane >> 2;
 
   float acc[kNT][4];
@@ -84,13 +96,15 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
     // The chunk's activations at its top (as in the stream kernel): lane (g, t) holds k 8t..8t+7 of
     // each unit for token g, in the natural pairs the conversion hands out.
     uint4 act[kNT][kUnits];
+    if constexpr (!kActRing) {
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt)
+      for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
-      for (int u = 0; u < kUnits; ++u) act[nt][u] = __ldg(reinterpret_cast<const uint4*>(arow[nt] + k0 + 32 * u));
+        for (int u = 0; u < kUnits; ++u) act[nt][u] = __ldg(reinterpret_cast<const uint4*>(arow[nt] + k0 + 32 * u));
+    }
     CpAsyncWait<kStreamStages - 2>();
     __syncwarp();
-    issue(i + kStreamStages - 1);  // into the stage read in iteration i - 1 (all lanes are past it)
+    issue(i + kStreamStages - 1, true);  // into the stage read in iteration i - 1 (all lanes are past it)
 
     const typename Dq::Consts dq = Dq::Make(8u);  // compile-time constants: immediates, not registers
     // Rows g and g + 8's scales of the chunk's blocks, two per 32-bit read (kPerRow is even).
@@ -102,6 +116,10 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
       const uint4 wg = LdShared128(stage + (2 * half) * 512 + lane * 16);      // row g, units 4 half ..
       const uint4 wh = LdShared128(stage + (2 * half + 1) * 512 + lane * 16);  // row g + 8
       const uint32_t wgs[4] = {wg.x, wg.y, wg.z, wg.w}, whs[4] = {wh.x, wh.y, wh.z, wh.w};
+      if constexpr (kActRing) {  // the half's 4 units
+#pragma unroll
+        for (int w = 0; w < 4; ++w) act[0][4 * half + w] = RingActivations<T, Cfg::kKC>::Unit(stage + kActOffset, 4 * half + w);
+      }
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const int u = 4 * half + w;

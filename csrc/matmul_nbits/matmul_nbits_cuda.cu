@@ -270,11 +270,11 @@ const char* LaunchCut(const MatMulNBitsProblem& p, const gemv::StreamCut& cut, i
   return LaunchSlices<T>(p, tokens, kernel, prm, cfg);
 }
 
-template <typename T, int kBS, int kKC, bool kZp, int kNT>
+template <typename T, int kBS, int kKC, bool kZp, int kNT, bool kActRing = false>
 const char* LaunchStream(const MatMulNBitsProblem& p, const StreamPlan& plan, const DeviceInfo& dev, bool pdl,
                          cudaStream_t stream) {
-  using Cfg = gemv::StreamConfig<kBS, kKC, kNT>;
-  auto kernel = gemv::GemvStreamKernel<T, kBS, kKC, kNT, kZp>;
+  using Cfg = gemv::StreamConfig<kBS, kKC, kNT, kActRing>;
+  auto kernel = gemv::GemvStreamKernel<T, kBS, kKC, kNT, kZp, kActRing>;
   static std::atomic<uint64_t> configured{0};
   if (const char* error = ConfigureOnce(kernel, configured, dev)) return error;
   return LaunchCut<T>(p, plan.cut, p.K / kKC, Cfg::kWarpBytes, Cfg::kTokens, kernel, pdl, stream);
@@ -285,6 +285,9 @@ const char* DispatchStreamPlan(const MatMulNBitsProblem& p, const DeviceInfo& de
   StreamPlan plan;
   if (const char* error = PlanStream<T, kBS, kKC, kZp>(p, dev, plan)) return error;
   // 8 or 16 tokens per pass: the token tile changes which mma column a row lands in, not its result.
+  // One token takes its activations through the ring (gemv::RingActivations): the same arithmetic, on
+  // the same cut, with a larger stage.
+  if (p.M == 1) return LaunchStream<T, kBS, kKC, kZp, 1, true>(p, plan, dev, pdl, s);
   return p.M > 8 ? LaunchStream<T, kBS, kKC, kZp, 2>(p, plan, dev, pdl, s)
                  : LaunchStream<T, kBS, kKC, kZp, 1>(p, plan, dev, pdl, s);
 }
@@ -325,13 +328,14 @@ const char* PlanTiles(const MatMulNBitsProblem& p, const DeviceInfo& dev, gemv::
       cut);
 }
 
-template <typename T, int kBS, int kNT>
+template <typename T, int kBS, int kNT, bool kActRing = false>
 const char* LaunchTiles(const MatMulNBitsProblem& p, const gemv::StreamCut& cut, const DeviceInfo& dev, bool pdl,
                         cudaStream_t stream) {
-  auto kernel = gemv::GemvTilesKernel<T, kBS, kNT>;
+  auto kernel = gemv::GemvTilesKernel<T, kBS, kNT, kActRing>;
   static std::atomic<uint64_t> configured{0};
   if (const char* error = ConfigureOnce(kernel, configured, dev)) return error;
-  return LaunchCut<T>(p, cut, p.K / kTileK, gemv::TilesConfig<kBS>::kWarpBytes, 8 * kNT, kernel, pdl, stream);
+  return LaunchCut<T>(p, cut, p.K / kTileK, gemv::TilesConfig<kBS, kActRing>::kWarpBytes, 8 * kNT, kernel, pdl,
+                      stream);
 }
 
 template <typename T, int kBS>
@@ -339,6 +343,9 @@ const char* DispatchTilesPlan(const MatMulNBitsProblem& p, const DeviceInfo& dev
   gemv::StreamCut cut;
   if (const char* error = PlanTiles<T, kBS>(p, dev, cut)) return error;
   // 8 or 16 tokens per pass: the token tile changes which mma column a row lands in, not its result.
+  // One token takes its activations through the ring (gemv::RingActivations): the same arithmetic, on
+  // the same cut, with a larger stage.
+  if (p.M == 1) return LaunchTiles<T, kBS, 1, true>(p, cut, dev, pdl, s);
   return p.M > 8 ? LaunchTiles<T, kBS, 2>(p, cut, dev, pdl, s) : LaunchTiles<T, kBS, 1>(p, cut, dev, pdl, s);
 }
 
