@@ -30,9 +30,10 @@
 // k on exact (q - z) values starting from zero; acc = fma(scale, block_sum, acc) in ascending block
 // order within the K-part; K-parts added in order; + bias; one rounding.
 //
-// Measured (bench/gemv.py through ORT, H200, device run 10; bench/NOTES.md versions 3-3.1): the chain
-// of 4 x (5120->17408, 17408->5120) at M = 1 in 136 us (70% of the copy ceiling; v2 252 us), the
-// 248320 x 5120 lm_head in 187 us (90%). gemv_tiles.cuh is this kernel on regrouped weights.
+// Measured (bench/gemv.py through ORT, H200, device run 17; bench/NOTES.md versions 3-3.4): the chain
+// of 4 x (5120->17408, 17408->5120) at M = 1 in 127.9 us (74% of the copy ceiling; v2 252 us), at
+// M = 8 in 152.2, the 248320 x 5120 lm_head at M = 1 in 183.5 us (92%). gemv_tiles.cuh is this kernel
+// on regrouped weights.
 #pragma once
 #include <algorithm>
 
@@ -54,7 +55,7 @@ struct StreamParams : GemvOperands {  // zero_points: packed int4 (read only by 
 };
 
 constexpr int kStreamMaxWarps = 16;  // 512 threads: the compiler may use up to 128 registers
-constexpr int kStreamStages = 3;     // 2 chunks in flight per warp (2 to 4 measured the same)
+constexpr int kStreamStages = 3;     // 2 chunks in flight per warp (4 stages: slower, device lab run 23)
 
 // kActRing: the stage also holds the chunk's activations of a single token (the M = 1 kernels,
 // RingActivations below).

@@ -7,10 +7,11 @@
 //   * the nibbles come interleaved (k 0, 2, 4, 6, 1, 3, 5, 7), so the int4 -> fp16/bf16 conversion
 //     hands out pairs of adjacent k, the activations' own pairs: no byte permutes (PRMT);
 //   * a chunk's scales are one 64..256-byte block.
-// Measured (bench/gemv.py through ORT, device run 16; bench/NOTES.md versions 3.2-3.3): the main loop
-// 279 instructions per chunk instead of the stream kernel's 328; chain 4 x (5120->17408, 17408->5120)
-// at M=1 126.3 us instead of 133.5 (75% of the copy ceiling), lm_head 179.2 instead of 187.3 at M=1
-// and 299.4 instead of 357.1 at M=16. Until version 3.3 an 8-byte stack frame (one spill before the
+// Measured (bench/gemv.py through ORT, device run 17; bench/NOTES.md versions 3.2-3.4): the main loop
+// 276 instructions per chunk (266 at M=1) instead of the stream kernel's 330; chain 4 x (5120->17408,
+// 17408->5120) at M=1 111.5 us instead of 127.9 (84.6% of the copy ceiling; the activations through
+// the ring, RingActivations), 139.4 instead of 152.2 at M=8; lm_head 171.4 instead of 183.5 at M=1
+// and 295.8 instead of 361.2 at M=16. Until version 3.3 an 8-byte stack frame (one spill before the
 // loop, one reload after) cost it 6%; EpilogueTask (gemv_stream.cuh) removed it (lab run 17).
 //
 // Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps over its
