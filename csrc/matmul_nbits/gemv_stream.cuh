@@ -454,7 +454,8 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
     const int64_t k0 = static_cast<int64_t>(chunk) * kKC;
     // The whole chunk's activations at its top: their latency overlaps the wait and the first unit's
     // work. Loaded per unit pair instead they cost ~25% at M = 8 (device lab run 2) and, although that
-    // saves 46 registers at 16 tokens, 10-50% at M = 16 (lab run 7).
+    // saves 46 registers at 16 tokens, 10-50% at M = 16 (lab run 7). The M = 1 kernel reads them
+    // from the stage per unit pair instead (RingActivations).
     uint4 act[kNT][Cfg::kUnits];
     if constexpr (!kActRing) {
 #pragma unroll

@@ -25,7 +25,7 @@ namespace ort_mtp {
 namespace gemv {
 
 // kActRing: the stage also holds the chunk's 512 bytes of activations of a single token (the M = 1
-// kernel, ActivationsInRing below).
+// kernel; RingActivations in gemv_stream.cuh).
 template <int kBS, bool kActRing = false>
 struct TilesConfig {
   static_assert(kBS == 32 || kBS == 64 || kBS == 128, "block size");
@@ -94,8 +94,9 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
   uint32_t stage = ring;
   for (int i = 0; i < c_count; ++i) {
     const int64_t k0 = static_cast<int64_t>(c_begin + i) * Cfg::kKC;
-    // The chunk's activations at its top (as in the stream kernel): lane (g, t) holds k 8t..8t+7 of
-    // each unit for token g, in the natural pairs the conversion hands out.
+    // The chunk's activations at its top (as in the stream kernel; the M = 1 kernel reads them from
+    // the stage per half instead): lane (g, t) holds k 8t..8t+7 of each unit for token g, in the
+    // natural pairs the conversion hands out.
     uint4 act[kNT][kUnits];
     if constexpr (!kActRing) {
 #pragma unroll
