@@ -11,7 +11,8 @@
 // version 3). What it does, per configuration:
 //   1. correctness on gate_up (17408 x 5120), down (5120 x 17408) and lm_head (248320 x 5120) at M = 8
 //      against a plain fp32 reference kernel (relative L2 error), and bit-identity of rows 0 and 5 of
-//      the M = 8 call with M = 1 calls on those rows alone;
+//      the M = 8 call with M = 1 calls on those rows alone, of its first rows with M = 2, 3, 4 calls, and
+//      of rows 3 and 11 of an M = 16 call;
 //   2. time of the chain 4 x (gate_up, down) under a CUDA graph with programmatic dependent launch, for
 //      M = 1, 2, 4, 8, 16, and of the lm_head, median of 7 x 20 replays; weights 401 MB (> L2).
 //   3. the same chain read by a plain streaming kernel (16-byte loads, no math): what 8 launches of
@@ -215,6 +216,18 @@ bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
     std::vector<__half> h1(m.N);
     CK(cudaMemcpy(h1.data(), y1, m.N * 2, cudaMemcpyDeviceToHost));
     if (std::memcmp(h1.data(), hy.data() + (size_t)row * m.N, (size_t)m.N * 2) != 0) same = false;
+  }
+  // M = 2, 3, 4: their rows against the M = 8 call's.
+  for (int Ms : {2, 3, 4}) {
+    __half* ys;
+    CK(cudaMalloc(&ys, (size_t)Ms * m.N * 2));
+    CK(cudaMemset(ys, 0xFF, (size_t)Ms * m.N * 2));
+    Run(m, a, ys, Ms, c, st, false);
+    CK(cudaStreamSynchronize(st));
+    std::vector<__half> hs((size_t)Ms * m.N);
+    CK(cudaMemcpy(hs.data(), ys, hs.size() * 2, cudaMemcpyDeviceToHost));
+    if (std::memcmp(hs.data(), hy.data(), hs.size() * 2) != 0) same = false;
+    CK(cudaFree(ys));
   }
   // M = 16 pass: row 11 against the M = 8 pass's inputs is not comparable; check row 3 of a 16-row call.
   {
