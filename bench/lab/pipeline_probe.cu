@@ -143,7 +143,7 @@ __global__ void __maxnreg__(80)
   const bool s_lane = lane < Cfg::kSLanes;
   const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 8;
   uint32_t fill = ring;
-  auto issue = [&](int i) {
+  auto issue = [&](int i, bool) {  // (no activations in the ring here)
     if (i < c_count) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) CpAsync16(fill + j * 512 + lane * 16, wnext + j * 512, true);
@@ -155,7 +155,8 @@ __global__ void __maxnreg__(80)
     CpAsyncCommit();
   };
   const T* arow[kNT];
-  StartRun<T, kNT>(issue, p, task, arow);
+  RingActivations<T, Cfg::kKC> unused(p, task);
+  StartRun<T, kNT, false>(issue, p, task, arow, unused, ring, Cfg::kStageBytes, 0, c_count);
   const int g = lane >> 2;
   float acc[kNT][4] = {};
   uint32_t x = 0;
@@ -168,7 +169,7 @@ __global__ void __maxnreg__(80)
       act[0][u] = kAct ? __ldg(reinterpret_cast<const uint4*>(arow[0] + k0 + 32 * u)) : make_uint4(0x3c003c00u, 0, 0, 0);
     CpAsyncWait<kStreamStages - 2>();
     __syncwarp();
-    issue(i + kStreamStages - 1);
+    issue(i + kStreamStages - 1, true);
     const typename Dq::Consts dq = Dq::Make(8u);
     const uint32_t* sc = reinterpret_cast<const uint32_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes);
     float d[kNT][4];

@@ -238,15 +238,6 @@ __device__ __forceinline__ void WaitForActivations(const StreamParams& p, const 
     arow[nt] = static_cast<const T*>(p.a) + static_cast<int64_t>(w.tok0 + min(8 * nt + g, w.m_count - 1)) * p.K + 8 * t;
 }
 
-// Both kernels' start: issue(i) copies chunk i of the warp's run into the ring; the first
-// kStreamStages - 1 are issued, then WaitForActivations (they load while the previous kernel finishes).
-template <typename T, int kNT, typename Issue>
-__device__ __forceinline__ void StartRun(Issue& issue, const StreamParams& p, const WarpTask& w, const T* (&arow)[kNT]) {
-#pragma unroll
-  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
-  WaitForActivations<T, kNT>(p, w, arow);
-}
-
 // The M = 1 kernels (kActRing) take their activations through the ring, beside the chunk's weights,
 // instead of loading them from global memory at the top of each chunk. There each chunk's first mma
 // waited on activations from L2 issued a few instructions earlier (Nsight Compute: ~43% of the stall
@@ -290,6 +281,20 @@ struct RingActivations {
     return LdShared128(stage_act + u * 64 + (threadIdx.x & 3) * 16);
   }
 };
+
+// Both kernels' start: issue(i, with_act) copies chunk i of the warp's run into the ring (and its
+// activations, with kActRing and with_act). The first kStreamStages - 1 chunks are issued without
+// activations, then WaitForActivations (the weights load while the previous kernel finishes), then,
+// with kActRing, those chunks' activations (RingActivations::First; c_count: chunks of the warp's run).
+template <typename T, int kNT, bool kActRing, int kKC, typename Issue>
+__device__ __forceinline__ void StartRun(Issue& issue, const StreamParams& p, const WarpTask& w, const T* (&arow)[kNT],
+                                         RingActivations<T, kKC>& ract, uint32_t ring, int stage_bytes,
+                                         int act_offset, int c_count) {
+#pragma unroll
+  for (int i = 0; i < kStreamStages - 1; ++i) issue(i, false);
+  WaitForActivations<T, kNT>(p, w, arow);
+  if constexpr (kActRing) ract.First(ring, stage_bytes, act_offset, c_count);
+}
 
 // The epilogue of both kernels: every warp's (16 rows x tokens) sums meet in shared memory (the rings
 // are free once every warp is past its loop), the K-parts of an m-tile are added in K-part order,
@@ -423,10 +428,8 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
     CpAsyncCommit();
   };
 
-  auto issue_weights = [&](int i) { issue(i, false); };
   const T* arow[kNT];
-  StartRun<T, kNT>(issue_weights, p, task, arow);
-  if constexpr (kActRing) ract.First(ring, Cfg::kStageBytes, kActOffset, c_count);
+  StartRun<T, kNT, kActRing>(issue, p, task, arow, ract, ring, Cfg::kStageBytes, kActOffset, c_count);
 
   // Lane (g, t): ldmatrix row address; mma column g = token tok0 + 8 nt + g (arow); k-slot t.
   const int g = lane >> 2;

@@ -79,10 +79,8 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
     }
     CpAsyncCommit();
   };
-  auto issue_weights = [&](int i) { issue(i, false); };
   const T* arow[kNT];
-  StartRun<T, kNT>(issue_weights, p, task, arow);
-  if constexpr (kActRing) ract.First(ring, Cfg::kStageBytes, kActOffset, c_count);
+  StartRun<T, kNT, kActRing>(issue, p, task, arow, ract, ring, Cfg::kStageBytes, kActOffset, c_count);
   const int g = lane >> 2;
 
   float acc[kNT][4];
