@@ -1,4 +1,4 @@
-// Lab only (device lab runs 22-26, bench/results/2026-11-29-lab): how fast can a memory pipeline shaped
+// Lab only (device lab runs 22-26 and 30, bench/results/2026-11-29-lab): how fast can a memory pipeline shaped
 // like the GEMV's read the chain's weights, and what in the op's tiles kernel costs time beyond it? The
 // chain is bench/gemv_lab.cu's (4 x (17408 x 5120, 5120 x 17408) int4 weights), 8 launches under a CUDA
 // graph with programmatic dependent launch. Always run:
@@ -11,7 +11,9 @@
 //   ldg    warps that own runs of C contiguous 2 KB chunks (a warp's run in the tiles layout) and load
 //          them into registers, D chunks ahead of the one being consumed;
 //   ring   the same runs through a per-warp cp.async ring in shared memory (the GEMV kernels' way):
-//          S stages, S - 1 chunks in flight, cp.async.wait_group + __syncwarp, 16-byte shared loads.
+//          S stages, S - 1 chunks in flight, cp.async.wait_group + __syncwarp, 16-byte shared loads;
+//          at 24 warps per SM also stages of half a chunk (1 KB), and the 3- and 4-stage rings with a
+//          rolling L2 prefetch (cp.async.bulk.prefetch.L2) of the chunk d past the ring's newest (lab 30).
 // The ldg/ring variants launch exactly W warps per SM (blocks of 8 warps, persistent: a warp takes runs
 // w, w + all warps, ...), trigger the next launch at their start and wait for the previous one before
 // loading (as ReadKernel does), and end with a block barrier (as the GEMV epilogue does). Unused shared
@@ -80,26 +82,39 @@ __global__ void LdgRuns(const uint8_t* b, int64_t total, int c, uint32_t* sink) 
   if (x == 0x12345678u) sink[0] = x;
 }
 
-template <int kS>
+// kBytes: a stage's bytes, a whole 2 KB chunk or half of one (1 KB: the tiles layout's rows g and g + 8 of
+// units 0-3 or 4-7 are contiguous, so a half-chunk is a unit of work too); c and total count stages.
+// kPf: lane 0 also prefetches the stage kPf past the ring's newest into L2 (cp.async.bulk.prefetch.L2),
+// bytes in flight that hold no shared memory.
+template <int kS, int kBytes = kChunk, int kPf = 0>
 __global__ void RingRuns(const uint8_t* b, int64_t total, int c, uint32_t* sink) {
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
   const int64_t w = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp;
-  const uint32_t ring = SmemAddr(smem) + warp * kS * kChunk;
+  const uint32_t ring = SmemAddr(smem) + warp * kS * kBytes;
   const int64_t n = ChunksOf(w, warps, c, total);
+  constexpr int kCopies = kBytes / 512;  // 16-byte copies per lane and stage
   auto issue = [&](int64_t j) {
     if (j < n) {
-      const uint8_t* src = b + ChunkOf(w, warps, c, j) * kChunk + lane * 16;
-      const uint32_t dst = ring + (j % kS) * kChunk + lane * 16;
+      const uint8_t* src = b + ChunkOf(w, warps, c, j) * kBytes + lane * 16;
+      const uint32_t dst = ring + (j % kS) * kBytes + lane * 16;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) CpAsync16(dst + q * 512, src + q * 512, true);
+      for (int q = 0; q < kCopies; ++q) CpAsync16(dst + q * 512, src + q * 512, true);
     }
     CpAsyncCommit();
+  };
+  auto prefetch = [&](int64_t j) {
+    if (kPf > 0 && lane == 0 && j < n) {
+      const uint8_t* src = b + ChunkOf(w, warps, c, j) * kBytes;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(kBytes) : "memory");
+    }
   };
   // As the GEMV kernels: the first stages before the dependency wait (weights are constants).
 #pragma unroll
   for (int s = 0; s < kS - 1; ++s) issue(s);
+#pragma unroll
+  for (int s = 0; s < kPf; ++s) prefetch(kS - 1 + s);
   GridDependencyTrigger();
   GridDependencyWait();
   uint32_t x = 0;
@@ -107,9 +122,10 @@ __global__ void RingRuns(const uint8_t* b, int64_t total, int c, uint32_t* sink)
     CpAsyncWait<kS - 2>();
     __syncwarp();
     issue(j + kS - 1);
-    const uint32_t st = ring + (j % kS) * kChunk + lane * 16;
+    prefetch(j + kS - 1 + kPf);
+    const uint32_t st = ring + (j % kS) * kBytes + lane * 16;
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < kCopies; ++q) {
       const uint4 v = LdShared128(st + q * 512);
       x ^= v.x ^ v.y ^ v.z ^ v.w;
     }
@@ -118,7 +134,6 @@ __global__ void RingRuns(const uint8_t* b, int64_t total, int c, uint32_t* sink)
   __syncthreads();
   if (x == 0x12345678u) sink[0] = x;
 }
-
 
 // The op's tiles kernel (gemv_tiles.cuh, fp16, block 32, 8 tokens) with parts switched off: kMath
 // (conversion and mma; off: the shared-memory words are XORed), kScales (the scales' copies), kAct (the
@@ -325,6 +340,29 @@ int main() {
           report(label, TimeGraph(st, [&] { for (auto* m : chain) Launch(RingRuns<4>, blocks, 256, smem, st, m, total, c, sink); }));
         }
       }
+      if (wps != 24) continue;
+      // Half-chunk stages (1 KB): S = 6 is the 3-stage ring's shared memory with 5 KB in flight per
+      // warp instead of 4; S = 8 is the 4-stage ring's.
+      auto half = [&](auto kernel, int s) {
+        const int smem = 8 * s * 1024;
+        std::snprintf(label, sizeof label, "ring W=%d C=%d S=%d of 1 KB", wps, c, s);
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        report(label, TimeGraph(st, [&] { for (auto* m : chain) Launch(kernel, blocks, 256, smem, st, m, 2 * total, 2 * c, sink); }));
+      };
+      half(RingRuns<6, 1024>, 6);
+      half(RingRuns<8, 1024>, 8);
+      // The 3- and 4-stage rings with a rolling L2 prefetch kPf chunks past the ring's newest.
+      auto pf = [&](auto kernel, int s, int d) {
+        const int smem = 8 * s * kChunk;
+        std::snprintf(label, sizeof label, "ring W=%d C=%d S=%d L2 pf %d", wps, c, s, d);
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        report(label, TimeGraph(st, [&] { for (auto* m : chain) Launch(kernel, blocks, 256, smem, st, m, total, c, sink); }));
+      };
+      pf(RingRuns<3, kChunk, 1>, 3, 1);
+      pf(RingRuns<3, kChunk, 2>, 3, 2);
+      pf(RingRuns<3, kChunk, 4>, 3, 4);
+      pf(RingRuns<4, kChunk, 1>, 4, 1);
+      pf(RingRuns<4, kChunk, 2>, 4, 2);
     }
   }
   return 0;
