@@ -22,7 +22,8 @@
 // LAB_KERNELS=0,1,1:20 (which kernels, in order: 0 stream, 1 tiles; :W plans for W warps
 // per SM instead of 24), LAB_NO_BALANCE=1 (skip
 // the balance probe at the end), LAB_LAUNCH_PROBE=1 (the same bytes as 4 launches and as one launch of
-// a 4x taller matrix, lab run 18), LAB_CARVEOUT=N. Lab runs 17-19 also compiled lab-only kernels into
+// a 4x taller matrix, lab run 18), LAB_CARVEOUT=N, LAB_PLAN_RING=1 (the plan's residency from the M = 1
+// ring kernel, whose stages are the largest; lab run 32 built this file with deeper rings). Lab runs 17-19 also compiled lab-only kernels into
 // this file (bench/lab/gemv_tiles_modes.cuh, gemv_lab15_kernel.cuh, gemv_tiles_split.cuh): they are in
 // the history at a724a5d (bench/results/2026-11-29-lab/README.md), not in the tree.
 #include <cuda_fp16.h>
@@ -132,7 +133,18 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
     }
     configured = true;
   }
-  Plan pl = MakePlan(m.N, m.K, kKC, c, StreamConfig<kBS, kKC, 1>::kWarpBytes, kernel8);
+  // LAB_PLAN_RING=1: residency from the M = 1 ring kernel (the largest ring) instead of the 8-token kernel.
+  static const bool ring_plan = std::getenv("LAB_PLAN_RING") != nullptr;
+  auto kernel1 = KernelOf<1, kKernel, true>();
+  static bool ring_configured = false;
+  if (ring_plan && !ring_configured) {
+    CK(cudaFuncSetAttribute(kernel1, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    ring_configured = true;
+  }
+  Plan pl = ring_plan ? MakePlan(m.N, m.K, kKC, c,
+                                 kKernel == 0 ? StreamConfig<kBS, kKC, 1, true>::kWarpBytes : TilesConfig<kBS, true>::kWarpBytes,
+                                 kernel1)
+                      : MakePlan(m.N, m.K, kKC, c, StreamConfig<kBS, kKC, 1>::kWarpBytes, kernel8);
   if (out) *out = pl;
   StreamParams prm{};
   prm.a = a; prm.b = kRepacked ? m.bp : m.b; prm.scales = kRepacked ? m.sp : m.s;
