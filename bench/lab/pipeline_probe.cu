@@ -156,13 +156,13 @@ __global__ void __maxnreg__(80)
   const int64_t first = static_cast<int64_t>((task.block_row0 + task.tile_row0) / 16) * p.kchunks + c_begin;
   const uint8_t* wnext = p.b + first * Cfg::kWBytes + lane * 16;
   const bool s_lane = lane < Cfg::kSLanes;
-  const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 8;
+  const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 16;
   uint32_t fill = ring;
   auto issue = [&](int i, bool) {  // (no activations in the ring here)
     if (i < c_count) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) CpAsync16(fill + j * 512 + lane * 16, wnext + j * 512, true);
-      if (kScales && s_lane) CpAsyncSmall<8>(fill + Cfg::kWBytes + lane * 8, snext, true);
+      if (kScales && s_lane) CpAsync16(fill + Cfg::kWBytes + lane * 16, snext, true);
       wnext += Cfg::kWBytes;
       snext += Cfg::kSBytes;
       fill = NextStage<Cfg::kStageBytes>(fill, ring, last_stage);

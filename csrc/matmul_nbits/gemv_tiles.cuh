@@ -6,7 +6,9 @@
 //     lane reads its mma fragments with two 16-byte shared loads per 16 units instead of ldmatrix;
 //   * the nibbles come interleaved (k 0, 2, 4, 6, 1, 3, 5, 7), so the int4 -> fp16/bf16 conversion
 //     hands out pairs of adjacent k, the activations' own pairs: no byte permutes (PRMT);
-//   * a chunk's scales are one 64..256-byte block.
+//   * a chunk's scales are one 64..256-byte block, copied 16 bytes a lane with cp.async.cg, which
+//     bypasses L1 (8-byte copies can only go through it, where they took room from the activations
+//     of M >= 2: M = 2 and 4 ran 2-3% slower with them, device lab run 33).
 // Measured (bench/gemv.py through ORT, device run 17; bench/NOTES.md versions 3.2-3.4): the main loop
 // 276 instructions per chunk (266 at M=1) instead of the stream kernel's 330; chain 4 x (5120->17408,
 // 17408->5120) at M=1 111.5 us instead of 127.9 (84.6% of the copy ceiling; the activations through
@@ -33,7 +35,7 @@ struct TilesConfig {
   static constexpr int kWBytes = 2048;             // weights of a tile-chunk
   static constexpr int kPerRow = kKC / kBS;        // scales per row and chunk
   static constexpr int kSBytes = 16 * kPerRow * 2;  // a tile-chunk's scales: 256, 128 or 64 bytes
-  static constexpr int kSLanes = kSBytes / 8;      // lanes that copy them, 8 bytes each
+  static constexpr int kSLanes = kSBytes / 16;     // lanes that copy them, 16 bytes each
   static constexpr int kABytes = kActRing ? kKC * 2 : 0;  // one token's activations of the chunk
   static constexpr int kStageBytes = kWBytes + kSBytes + kABytes;
   static constexpr int kWarpBytes = kStreamStages * kStageBytes;
@@ -61,7 +63,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
   const int64_t first = static_cast<int64_t>((task.block_row0 + task.tile_row0) / 16) * p.kchunks + c_begin;
   const uint8_t* wnext = p.b + first * Cfg::kWBytes + lane * 16;
   const bool s_lane = lane < Cfg::kSLanes;
-  const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 8;
+  const uint8_t* snext = static_cast<const uint8_t*>(p.scales) + first * Cfg::kSBytes + (s_lane ? lane : 0) * 16;
   uint32_t fill = ring;
   constexpr int kActOffset = Cfg::kWBytes + Cfg::kSBytes;  // the stage's activations (kActRing)
   RingActivations<T, Cfg::kKC> ract(p, task);
@@ -71,7 +73,7 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
     if (i < c_count) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) CpAsync16(fill + j * 512 + lane * 16, wnext + j * 512, true);
-      if (s_lane) CpAsyncSmall<8>(fill + Cfg::kWBytes + lane * 8, snext, true);
+      if (s_lane) CpAsync16(fill + Cfg::kWBytes + lane * 16, snext, true);
       if (kActRing && with_act) ract.Copy(fill + kActOffset);
       wnext += Cfg::kWBytes;
       snext += Cfg::kSBytes;

@@ -1,8 +1,8 @@
 // CUDA path of MatMulNBits: picks a kernel for the problem and launches it on the session's stream.
 //
 //   gemv_tiles.cuh    tensor-core kernel for weights in the tiles layout (packing=1), the only kernel
-//                     for them: fp16/bf16, 4 bits, block 32..128, no zero points, 16-byte aligned A and
-//                     B, 8-byte aligned scales.
+//                     for them: fp16/bf16, 4 bits, block 32..128, no zero points, 16-byte aligned A, B
+//                     and scales.
 //   gemv_stream.cuh   tensor-core kernel, the fast path: fp16/bf16, 4 bits, block 32..256, no or packed
 //                     zero points, K a multiple of the chunk (128..512), 16-byte aligned A and B.
 //   gemv_simt.cuh     CUDA-core kernel, the fallback fast path (ORT_MTP_GEMV_VARIANT=simt): fp16/bf16,
@@ -354,8 +354,8 @@ const char* DispatchTilesPlan(const MatMulNBitsProblem& p, const DeviceInfo& dev
 template <typename T>
 const char* DispatchTiles(const MatMulNBitsProblem& p, const DeviceInfo& dev, bool pdl, cudaStream_t s) {
   if (dev.cc_major < 8) return "packing=1 (tiles) needs a GPU of compute capability 8.0 or newer";
-  if (!Aligned(p.a, 16) || !Aligned(p.b, 16) || !Aligned(p.scales, 8))
-    return "packing=1 (tiles) needs A and B 16-byte aligned and scales 8-byte aligned";
+  if (!Aligned(p.a, 16) || !Aligned(p.b, 16) || !Aligned(p.scales, 16))
+    return "packing=1 (tiles) needs A, B and scales 16-byte aligned";
   switch (p.block_size) {
     case 32: return DispatchTilesPlan<T, 32>(p, dev, pdl, s);
     case 64: return DispatchTilesPlan<T, 64>(p, dev, pdl, s);
