@@ -8,12 +8,13 @@
 //     hands out pairs of adjacent k, the activations' own pairs: no byte permutes (PRMT);
 //   * a chunk's scales are one 64..256-byte block, copied 16 bytes a lane with cp.async.cg, which
 //     bypasses L1 (8-byte copies can only go through it, where they took room from the activations
-//     of M >= 2: M = 2 and 4 ran 2-3% slower with them, device lab run 33).
-// Measured (bench/gemv.py through ORT, device run 17; bench/NOTES.md versions 3.2-3.4): the main loop
-// 276 instructions per chunk (266 at M=1) instead of the stream kernel's 330; chain 4 x (5120->17408,
-// 17408->5120) at M=1 111.5 us instead of 127.9 (84.6% of the copy ceiling; the activations through
-// the ring, RingActivations), 139.4 instead of 152.2 at M=8; lm_head 171.4 instead of 183.5 at M=1
-// and 295.8 instead of 361.2 at M=16. Until version 3.3 an 8-byte stack frame (one spill before the
+//     of M >= 2: without ORT M = 2 and 4 ran 2-3% slower with them, device lab run 33; through ORT the
+//     difference was within run-to-run spread, device run 18).
+// Measured (bench/gemv.py through ORT, device run 18; bench/NOTES.md versions 3.2-3.5): the main loop
+// 276 instructions per chunk (271 at M=1) instead of the stream kernel's 330; chain 4 x (5120->17408,
+// 17408->5120) at M=1 112.8 us instead of 129.2 (84.3% of the copy ceiling; the activations through
+// the ring, RingActivations), 140.1 instead of 150.5 at M=8; lm_head 172.6 instead of 184.8 at M=1
+// and 290.3 instead of 353.3 at M=16. Until version 3.3 an 8-byte stack frame (one spill before the
 // loop, one reload after) cost it 6%; EpilogueTask (gemv_stream.cuh) removed it (lab run 17).
 //
 // Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps over its
