@@ -52,14 +52,6 @@ struct Mat {
   __half* sp = nullptr;
 };
 
-__global__ void FillHalf(__half* p, size_t n, uint32_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
-    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13; x *= 3266489917u; x ^= x >> 16;
-    p[i] = __float2half(lo + (hi - lo) * (x >> 8) * (1.0f / 16777216.0f));
-  }
-}
-
 // Reference: one thread per (row, token), fp32, the same dequantisation (q - 8) * scale.
 __global__ void RefKernel(const __half* a, const uint8_t* b, const __half* s, float* y, int M, int N, int K) {
   const int row = blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,7 +1,8 @@
 // Helpers of the device lab programs (bench/gemv_lab.cu, bench/lab/pipeline_probe.cu): CUDA error
-// checks, fresh non-zero bytes, the plain streaming read (the floor the kernels are compared with),
+// checks, fresh non-zero bytes and halves, the plain streaming read (the floor the kernels are compared with),
 // and the median time of a CUDA graph's replays. Lab only.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +29,14 @@ __global__ void FillBytes(uint8_t* p, size_t n, uint32_t seed) {
     p[i] = (uint8_t)x;
   }
 }
+__global__ void FillHalf(__half* p, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint32_t x = (uint32_t)i * 2654435761u ^ seed;
+    x ^= x >> 15; x *= 2246822519u; x ^= x >> 13; x *= 3266489917u; x ^= x >> 16;
+    p[i] = __float2half(lo + (hi - lo) * (x >> 8) * (1.0f / 16777216.0f));
+  }
+}
+
 __device__ __forceinline__ uint4 Ldg16(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
