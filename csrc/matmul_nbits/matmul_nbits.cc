@@ -133,8 +133,6 @@ void CheckWeights(const std::string& where, const Attrs& at, ElemType type, cons
   p.layout = at.packing == 1 ? WeightLayout::kTiles : WeightLayout::kRowMajor;
   if (at.packing == 1 && type == ElemType::kFloat32)
     Fail(where, "packing=1 (tiles) needs float16 or bfloat16 activations, got float");
-  if (at.packing == 1 && w.zp.present)
-    Fail(where, "packing=1 (tiles) does not take zero_points (symmetric weights only)");
   const std::string t = TypeName(OnnxType(type));
   const std::string kn = " for K=" + std::to_string(at.K) + ", N=" + std::to_string(at.N) +
                          ", block_size=" + std::to_string(at.block_size) + ", bits=" + std::to_string(at.bits);
@@ -187,6 +185,7 @@ struct MatMulNBitsKernel {
     if (n_inputs > kGIdx && !info.GetInputName(kGIdx).empty())
       Fail(where_, "input g_idx (act-order / grouped index) is not supported; export without act-order",
            ORT_NOT_IMPLEMENTED);
+    // Any zero_points input, constant or not, so Compute never meets one with packing=1.
     if (attrs_.packing == 1 && n_inputs > kZeroPoints && !info.GetInputName(kZeroPoints).empty())
       Fail(where_, "packing=1 (tiles) does not take zero_points (symmetric weights only)");
     // Validate initializer shapes now, so a bad model fails at session creation.
