@@ -114,29 +114,22 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
   constexpr bool kRepacked = kKernel != 0;
   auto kernel = KernelOf<kNT, kKernel, kActRing>();
   // The plan comes from the 8-token kernel whatever M is: the K-split must not depend on M.
+  // LAB_PLAN_RING=1: from the M = 1 ring kernel instead (the largest ring; lab run 32).
   auto kernel8 = KernelOf<1, kKernel>();
+  auto kernel1 = KernelOf<1, kKernel, true>();
   static bool configured = false;
   if (!configured) {
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
-    CK(cudaFuncSetAttribute(kernel8, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
-    if (const char* v = std::getenv("LAB_CARVEOUT")) {  // the op leaves the carveout to the driver (lab run 12)
-      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(v)));
-      CK(cudaFuncSetAttribute(kernel8, cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(v)));
+    for (auto k : {kernel, kernel8, kernel1}) {
+      CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+      if (const char* v = std::getenv("LAB_CARVEOUT"))  // the op leaves the carveout to the driver (lab run 12)
+        CK(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(v)));
     }
     configured = true;
   }
-  // LAB_PLAN_RING=1: residency from the M = 1 ring kernel (the largest ring) instead of the 8-token kernel.
   static const bool ring_plan = std::getenv("LAB_PLAN_RING") != nullptr;
-  auto kernel1 = KernelOf<1, kKernel, true>();
-  static bool ring_configured = false;
-  if (ring_plan && !ring_configured) {
-    CK(cudaFuncSetAttribute(kernel1, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
-    ring_configured = true;
-  }
-  Plan pl = ring_plan ? MakePlan(m.N, m.K, kKC, c,
-                                 kKernel == 0 ? StreamConfig<kBS, kKC, 1, true>::kWarpBytes : TilesConfig<kBS, true>::kWarpBytes,
-                                 kernel1)
-                      : MakePlan(m.N, m.K, kKC, c, StreamConfig<kBS, kKC, 1>::kWarpBytes, kernel8);
+  constexpr int kRingBytes = kKernel == 0 ? StreamConfig<kBS, kKC, 1, true>::kWarpBytes : TilesConfig<kBS, true>::kWarpBytes;
+  Plan pl = MakePlan(m.N, m.K, kKC, c, ring_plan ? kRingBytes : StreamConfig<kBS, kKC, 1>::kWarpBytes,
+                     ring_plan ? kernel1 : kernel8);
   if (out) *out = pl;
   StreamParams prm{};
   prm.a = a; prm.b = kRepacked ? m.bp : m.b; prm.scales = kRepacked ? m.sp : m.s;
