@@ -17,10 +17,12 @@
 //      M = 1, 2, 4, 8, 16, and of the lm_head, median of 7 x 20 replays; weights 401 MB (> L2).
 //   3. the same chain read by a plain streaming kernel (16-byte loads, no math): what 8 launches of
 //      50 MB each can reach here (bench/gemv.py measures the copy ceiling the targets refer to);
-//   4. one shape at a time: 4 launches of gate_up (or down) at M = 1, us per launch.
+//   4. one shape at a time: 4 launches of gate_up (or down) at M = 1 and 8, us per launch.
 // Environment: LAB_NO_ACT_RING=1 (the kernels at M = 1 without their activations in the ring),
-// LAB_KERNELS=0,1,1:20 (which kernels, in order: 0 stream, 1 tiles; :W plans for W warps
-// per SM instead of 24), LAB_NO_BALANCE=1 (skip
+// LAB_KERNELS=0,1,2,1:20 (which kernels, in order: 0 stream, 1 tiles, 2 the lab's producer / consumer
+// kernel, lab/gemv_bulk.cuh, lab run 40: M <= 8 where its activations fit, the rest printed as "-";
+// :W plans for W warps per SM instead of 24), LAB_BULK_NOMATH=1 (kernel 2 without its arithmetic: the
+// pipeline alone; its checks fail by design), LAB_NO_BALANCE=1 (skip
 // the balance probe at the end), LAB_LAUNCH_PROBE=1 (the same bytes as 4 launches and as one launch of
 // a 4x taller matrix, lab run 18), LAB_CARVEOUT=N, LAB_PLAN_RING=1 (the plan's residency from the M = 1
 // ring kernel, whose stages are the largest; lab run 32 built this file with deeper rings). Lab runs 17-19 also compiled lab-only kernels into
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "matmul_nbits/gemv_stream.cuh"
+#include "lab/gemv_bulk.cuh"
 #include "lab/gemv_repacked.cuh"
 #include "lab/lab_common.cuh"
 
@@ -152,7 +155,67 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
   CK(cudaLaunchKernelEx(&lc, kernel, prm));
 }
 
+// Kernel 2 (lab run 40): lab::GemvBulkKernel (lab/gemv_bulk.cuh), one block per SM. Its stages: the largest
+// q dividing the m-tile's chunks with q x 2304 bytes <= 40 KB and two stages per consumer group beside one
+// token's activations (a function of the shape only: the arithmetic must not depend on M); as many stages
+// as fit beside the activations (a multiple of the groups: each group its own slots).
+int BulkQ(const Mat& m) {
+  int q = 1;
+  for (int d = 1; d <= m.K / 256; ++d)
+    if ((m.K / 256) % d == 0 && d * lab::kBulkStageChunkBytes <= 40 * 1024 &&
+        lab::BulkSmemBytes(d, 2 * lab::kBulkGroups, 1, m.K) <= g_smem_block)
+      q = d;
+  return q;
+}
+int BulkStages(const Mat& m, int M) {
+  const int q = BulkQ(m);
+  int s = 6 * lab::kBulkGroups;
+  while (s > 0 && lab::BulkSmemBytes(q, s, M, m.K) > g_smem_block) s -= lab::kBulkGroups;
+  return s;
+}
+// The largest M a configuration runs on a matrix (bulk: while two stages per consumer group fit beside
+// the activations).
+int MaxM(const Mat& m, const Cfg& c) {
+  if (c.repacked == 2) {
+    int M = 0;
+    while (M < 8 && BulkStages(m, M + 1) >= 2 * lab::kBulkGroups) ++M;
+    return M;
+  }
+  return 16;
+}
+
+void LaunchBulk(const Mat& m, const __half* a, __half* y, int M, cudaStream_t st, bool pdl, Plan* out) {
+  const int q = BulkQ(m), stages = BulkStages(m, M);
+  if (M > 8 || stages < 2 * lab::kBulkGroups) {
+    std::fprintf(stderr, "bulk kernel: M=%d on %dx%d does not fit\n", M, m.N, m.K);
+    std::exit(1);
+  }
+  const int smem = lab::BulkSmemBytes(q, stages, M, m.K);
+  static const bool no_math = std::getenv("LAB_BULK_NOMATH") != nullptr;  // lab run 40c: the pipeline alone
+  auto kernel = no_math ? lab::GemvBulkKernel<false> : lab::GemvBulkKernel<true>;
+  static bool configured = false;
+  if (!configured) {
+    CK(cudaFuncSetAttribute(lab::GemvBulkKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    CK(cudaFuncSetAttribute(lab::GemvBulkKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    configured = true;
+  }
+  if (out) {
+    *out = Plan{};
+    out->cut.tiles = q; out->cut.kparts = stages; out->cut.blocks = g_sms; out->per_sm = 1; out->waves = 1.0;
+  }
+  lab::BulkParams prm{a, m.bp, reinterpret_cast<const uint8_t*>(m.sp), y, M, m.N, m.K, m.K / 256, q, stages,
+                      m.K * 2 + 64};
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(g_sms); lc.blockDim = dim3(32 * (lab::kBulkConsumers + 2)); lc.dynamicSmemBytes = smem;
+  lc.stream = st; lc.attrs = attr; lc.numAttrs = pdl ? 1 : 0;
+  CK(cudaLaunchKernelEx(&lc, kernel, prm));
+}
+
 void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out = nullptr) {
+  if (c.repacked == 2) return LaunchBulk(m, a, y, M, st, pdl, out);
 #define LAB_LAUNCH(K)                                                                     \
   case K:                                                                                 \
     if (M > 8) LaunchT<2, K>(m, a, y, M, c, st, pdl, out);                                \
@@ -186,7 +249,7 @@ size_t Bytes(const Mat& m) { return (size_t)m.N * m.K / 2 + (size_t)m.N * (m.K /
 
 // Relative L2 error against the reference, and bit-identity of rows 0 and 5 with M = 1 calls.
 bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
-  const int M = 8;
+  const int M = std::min(8, MaxM(m, c));
   __half *a, *y, *y1; float* ref;
   CK(cudaMalloc(&a, (size_t)M * m.K * 2)); CK(cudaMalloc(&y, (size_t)M * m.N * 2));
   CK(cudaMalloc(&y1, (size_t)m.N * 2)); CK(cudaMalloc(&ref, (size_t)M * m.N * 4));
@@ -206,7 +269,7 @@ bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
   }
   const double rel = std::sqrt(num / den);
   bool same = true;
-  for (int row : {0, 5}) {
+  for (int row : {0, std::min(5, M - 1)}) {
     CK(cudaMemset(y1, 0xFF, (size_t)m.N * 2));
     Run(m, a + (size_t)row * m.K, y1, 1, c, st, false);
     CK(cudaStreamSynchronize(st));
@@ -214,8 +277,9 @@ bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
     CK(cudaMemcpy(h1.data(), y1, m.N * 2, cudaMemcpyDeviceToHost));
     if (std::memcmp(h1.data(), hy.data() + (size_t)row * m.N, (size_t)m.N * 2) != 0) same = false;
   }
-  // M = 2, 3, 4: their rows against the M = 8 call's.
+  // M = 2, 3, 4 (below the checked M): their rows against the M-row call's.
   for (int Ms : {2, 3, 4}) {
+    if (Ms >= M) continue;
     __half* ys;
     CK(cudaMalloc(&ys, (size_t)Ms * m.N * 2));
     CK(cudaMemset(ys, 0xFF, (size_t)Ms * m.N * 2));
@@ -227,7 +291,7 @@ bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
     CK(cudaFree(ys));
   }
   // M = 16 pass: row 11 against the M = 8 pass's inputs is not comparable; check row 3 of a 16-row call.
-  {
+  if (MaxM(m, c) >= 16) {
     __half* a16; __half* y16;
     CK(cudaMalloc(&a16, (size_t)16 * m.K * 2)); CK(cudaMalloc(&y16, (size_t)16 * m.N * 2));
     CK(cudaMemcpy(a16, a, (size_t)M * m.K * 2, cudaMemcpyDeviceToDevice));
@@ -240,7 +304,7 @@ bool Check(const char* name, const Mat& m, const Cfg& c, cudaStream_t st) {
       if (std::memcmp(h16.data() + (size_t)row * m.N, hy.data() + (size_t)(row % 8) * m.N, (size_t)m.N * 2) != 0) same = false;
     CK(cudaFree(a16)); CK(cudaFree(y16));
   }
-  std::printf("  check %-8s rel_err %.3e finite %d rows_identical %d\n", name, rel, finite, same);
+  std::printf("  check %-8s M=%d rel_err %.3e finite %d rows_identical %d\n", name, M, rel, finite, same);
   CK(cudaFree(a)); CK(cudaFree(y)); CK(cudaFree(y1)); CK(cudaFree(ref));
   return finite && same && rel < 2e-3;
 }
@@ -327,7 +391,7 @@ int main(int argc, char** argv) {
   }
   std::printf("\n%-12s %-44s %8s %8s %8s %8s %8s | %8s %8s %8s\n", "wps minw", "plan gu/down/head tilesxkp/blk/SM",
               "M=1", "M=2", "M=4", "M=8", "M=16", "head M=1", "M=8", "M=16");
-  std::printf("(last two columns: us per gate_up / down launch at M=1, 4 in a graph; read-only floor %.1f us each)\n",
+  std::printf("(last four columns: us per gate_up launch at M=1, 8 and down at M=1, 8, 4 in a graph; read-only floor %.1f us each)\n",
               Bytes(chain[0]) / 4.4e6);
   for (const Cfg& c : cfgs) {
     Cfg c1 = c;
@@ -345,6 +409,10 @@ int main(int argc, char** argv) {
                   ph.cut.kparts, ph.waves);
     std::printf("%-12s %-44s", label, plan);
     for (int M : {1, 2, 4, 8, 16}) {
+      if (M > std::min(MaxM(chain[0], c), MaxM(chain[1], c))) {
+        std::printf(" %8s", "-");
+        continue;
+      }
       const double us = TimeGraph(st, [&] {
         const __half* in = x;
         for (int l = 0; l < kLayers; ++l) {
@@ -357,16 +425,26 @@ int main(int argc, char** argv) {
     }
     std::printf(" |");
     for (int M : {1, 8, 16}) {
+      if (M > MaxM(head, c)) {
+        std::printf(" %8s", "-");
+        continue;
+      }
       const double us = TimeGraph(st, [&] { Run(head, x, h2, M, c1, st, true); });
       std::printf(" %5.1f/%2.0f", us, 100.0 * head_bytes / us / 1e3 / 4200.0);
     }
-    // One shape at a time: 4 launches of gate_up (or down) on the 4 layers' weights, M = 1.
+    // One shape at a time: 4 launches of gate_up (or down) on the 4 layers' weights, M = 1 and 8.
     std::printf(" |");
     for (int which : {0, 1}) {
-      const double us = TimeGraph(st, [&] {
-        for (int l = 0; l < kLayers; ++l) Run(chain[2 * l + which], which ? h1 : x, which ? x : h1, 1, c1, st, true);
-      });
-      std::printf(" %5.1f", us / kLayers);
+      for (int M : {1, 8}) {
+        if (M > MaxM(chain[which], c)) {
+          std::printf(" %5s", "-");
+          continue;
+        }
+        const double us = TimeGraph(st, [&] {
+          for (int l = 0; l < kLayers; ++l) Run(chain[2 * l + which], which ? h1 : x, which ? x : h1, M, c1, st, true);
+        });
+        std::printf(" %5.1f", us / kLayers);
+      }
     }
     std::printf("\n");
     std::fflush(stdout);

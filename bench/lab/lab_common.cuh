@@ -1,6 +1,6 @@
-// Helpers of the device lab programs (bench/gemv_lab.cu, bench/lab/pipeline_probe.cu): CUDA error
-// checks, fresh non-zero bytes and halves, the plain streaming read (the floor the kernels are compared with),
-// and the median time of a CUDA graph's replays. Lab only.
+// Helpers of the device lab programs (bench/gemv_lab.cu, bench/lab/*.cu): CUDA error checks, fresh
+// non-zero bytes and halves, the plain streaming read (the floor the kernels are compared with),
+// mbarriers and bulk copies, and the median time of a CUDA graph's replays. Lab only.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -65,6 +65,34 @@ __global__ void ReadKernel(const uint4* p, size_t n16, uint32_t* sink, int pdl) 
   }
   for (; i < n16; i += stride) { uint4 v = p[i]; x ^= v.x ^ v.y ^ v.z ^ v.w; }
   if (x == 0x12345678u) sink[0] = x;
+}
+
+// mbarriers (shared_act_probe.cu, pipeline_probe.cu's bulk rings).
+__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void MbarArrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// Arrives on bar once this thread's earlier cp.async copies have landed (counted against the init count).
+__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// The producer's arrival on bar, expecting `bytes` more of bulk copies before the phase completes.
+__device__ __forceinline__ void MbarExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// A bulk copy (the TMA engine, no tensor map) of `bytes` (a multiple of 16) into shared memory, counted on bar.
+__device__ __forceinline__ void BulkCopy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
 }
 
 double Median(std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; }

@@ -1,4 +1,4 @@
-// Lab only (device lab runs 22-26 and 30, bench/results/2026-11-29-lab): how fast can a memory pipeline shaped
+// Lab only (device lab runs 22-26, 30 and 39, bench/results/2026-11-29-lab): how fast can a memory pipeline shaped
 // like the GEMV's read the chain's weights, and what in the op's tiles kernel costs time beyond it? The
 // chain is bench/gemv_lab.cu's (4 x (17408 x 5120, 5120 x 17408) int4 weights), 8 launches under a CUDA
 // graph with programmatic dependent launch. Always run:
@@ -14,13 +14,18 @@
 //          S stages, S - 1 chunks in flight, cp.async.wait_group + __syncwarp, 16-byte shared loads;
 //          at 24 warps per SM also stages of half a chunk (1 KB), and the 3- and 4-stage rings with a
 //          rolling L2 prefetch (cp.async.bulk.prefetch.L2) of the chunk d past the ring's newest (lab 30).
+// With PROBE_BULK=1 (lab run 39), also:
+//   bulk   a producer / consumer ring (BulkRuns): one producer lane fills a block-wide ring with bulk
+//          copies (TMA engine, mbarriers), consumer warps read and release the stages; stages of q
+//          chunks with their scales, blocks streaming equal contiguous ranges; L producer lanes each
+//          copying q / L of a stage's chunks.
 // The ldg/ring variants launch exactly W warps per SM (blocks of 8 warps, persistent: a warp takes runs
 // w, w + all warps, ...), trigger the next launch at their start and wait for the previous one before
 // loading (as ReadKernel does), and end with a block barrier (as the GEMV epilogue does). Unused shared
 // memory keeps the ldg variants at W warps per SM too.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc -Ibench -o build/lab/pipeline_probe bench/lab/pipeline_probe.cu
-//   run(command='PROBE_RUNS=1 ./build/lab/pipeline_probe', carry=['build/lab'])
+//   run(command='PROBE_RUNS=1 ./build/lab/pipeline_probe', carry=['build/lab'])   (or PROBE_BULK=1)
 // (Runs 22-26 timed 9 sets of 20 replays each; the shared TimeGraph (lab/lab_common.cuh) now takes 7.)
 #include <cuda_runtime.h>
 
@@ -229,6 +234,80 @@ __global__ void __maxnreg__(80)
   SumKPartsAndStore<T, kNT>(p, EpilogueTask<kNT>(p, task), acc, smem);
 }
 
+// Lab run 39: the memory pipeline of a producer / consumer kernel (Hopper's way; nothing in the op does
+// it). Lane 0 of a producer warp fills a block-wide ring of `stages` stages with bulk copies (the TMA
+// engine), one "full" mbarrier per stage counting the bytes and one "empty" mbarrier counting the
+// consumer warps' releases; the consumer warps read each stage (16-byte shared loads, XOR) and release it.
+// A stage is q consecutive tile-chunks: their weights (q x 2 KB, one copy) and their scales (q x 256
+// bytes, a second copy). Each block streams one contiguous range of the matrix's chunks, all ranges equal
+// to a chunk (as a stream-K cut would deal them). The first stages are copied before
+// griddepcontrol.wait, as the GEMV kernels copy their weights.
+__global__ void BulkRuns(const uint8_t* b, const uint8_t* scales, int64_t total, int q, int stages, int lanes,
+                         uint32_t* sink) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int consumers = (blockDim.x >> 5) - 1;
+  const int stage_bytes = q * (kChunk + 256);
+  const uint32_t base = SmemAddr(smem);
+  const uint32_t full = base + stages * stage_bytes, empty = full + 8 * stages;  // 8 bytes per mbarrier
+  const int64_t c0 = total * blockIdx.x / gridDim.x, c1 = total * (blockIdx.x + 1) / gridDim.x;
+  const int64_t n = (c1 - c0 + q - 1) / q;  // stages of this block's range
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < stages; ++i) {
+      MbarInit(full + 8 * i, 1);
+      MbarInit(empty + 8 * i, consumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  GridDependencyTrigger();
+  if (warp == consumers) {
+    if (lane < lanes) {  // each of `lanes` lanes copies q / lanes of a stage's chunks
+      const int per = q / lanes;
+      auto copy = [&](int64_t j) {
+        const int slot = static_cast<int>(j % stages);
+        if (j >= stages) MbarWait(empty + 8 * slot, static_cast<uint32_t>((j / stages - 1) & 1));
+        const int64_t c = c0 + j * q;
+        const int cnt = static_cast<int>(min(static_cast<int64_t>(q), c1 - c));
+        if (lane == 0) MbarExpectTx(full + 8 * slot, cnt * (kChunk + 256));
+        __syncwarp((1u << lanes) - 1);  // the expectation before any lane's bytes can land
+        const int mine = min(per, cnt - lane * per);
+        if (mine > 0) {
+          BulkCopy(base + slot * stage_bytes + lane * per * kChunk, b + (c + lane * per) * kChunk, mine * kChunk,
+                   full + 8 * slot);
+          BulkCopy(base + slot * stage_bytes + q * kChunk + lane * per * 256, scales + (c + lane * per) * 256,
+                   mine * 256, full + 8 * slot);
+        }
+      };
+      int64_t j = 0;
+      for (; j < n && j < stages; ++j) copy(j);
+      GridDependencyWait();
+      for (; j < n; ++j) copy(j);
+    }
+  } else {
+    GridDependencyWait();
+    uint32_t x = 0;
+    for (int64_t j = 0; j < n; ++j) {
+      const int slot = static_cast<int>(j % stages);
+      MbarWait(full + 8 * slot, static_cast<uint32_t>((j / stages) & 1));
+      const int cnt = static_cast<int>(min(static_cast<int64_t>(q), c1 - (c0 + j * q)));
+      const uint32_t st = base + slot * stage_bytes;
+      for (int off = (warp * 32 + lane) * 16; off < cnt * kChunk; off += consumers * 512) {
+        const uint4 v = LdShared128(st + off);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      for (int off = (warp * 32 + lane) * 16; off < cnt * 256; off += consumers * 512) {
+        const uint4 v = LdShared128(st + q * kChunk + off);
+        x ^= v.x ^ v.y ^ v.z ^ v.w;
+      }
+      __syncwarp();
+      if (lane == 0) MbarArrive(empty + 8 * slot);
+    }
+    if (x == 0x12345678u) sink[0] = x;
+  }
+  __syncthreads();  // as the GEMV epilogue's block barrier
+}
+
 template <typename K>
 void Launch(K kernel, int blocks, int threads, int smem, cudaStream_t st, const uint8_t* b, int64_t total, int c,
             uint32_t* sink) {
@@ -313,6 +392,36 @@ int main() {
     probe(TilesProbe<false, true, true>, "tiles no math, scales, act");
     probe(TilesProbe<false, true, false>, "tiles no math, scales, no act");
     probe(TilesProbe<false, false, false>, "tiles no math, no scales, no act");
+    // Lab run 39 (PROBE_BULK=1): the producer / consumer ring (BulkRuns), weights and scales (401 MB).
+    if (std::getenv("PROBE_BULK")) {
+      CK(cudaFuncSetAttribute(BulkRuns, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 * 1024));
+      struct BulkCfg { int q, stages, consumers, per_sm, lanes; };
+      const BulkCfg cfgs[] = {{16, 5, 8, 1, 1},  {8, 5, 8, 2, 1},   {4, 20, 8, 1, 1},  {4, 20, 8, 1, 2},
+                              {4, 20, 8, 1, 4},  {8, 10, 8, 1, 2},  {8, 10, 8, 1, 4},  {8, 10, 8, 1, 8},
+                              {16, 5, 8, 1, 4},  {16, 5, 8, 1, 16}, {2, 40, 8, 1, 2},  {1, 80, 8, 1, 1},
+                              {16, 6, 8, 1, 4},  {8, 11, 8, 1, 4},  {8, 5, 8, 2, 4},   {4, 10, 8, 2, 4},
+                              {16, 5, 8, 1, 1}};
+      for (const BulkCfg& bc : cfgs) {
+        const int smem = bc.stages * bc.q * (kChunk + 256) + 16 * bc.stages;
+        char label[80];
+        std::snprintf(label, sizeof label, "bulk q=%d S=%d (%d KB) W=%d x%d/SM L=%d", bc.q, bc.stages, smem / 1024,
+                      bc.consumers, bc.per_sm, bc.lanes);
+        const double us = TimeGraph(st, [&] {
+          for (int i = 0; i < 8; ++i) {
+            cudaLaunchAttribute attr[1];
+            attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            attr[0].val.programmaticStreamSerializationAllowed = 1;
+            cudaLaunchConfig_t lc{};
+            lc.gridDim = dim3(sms * bc.per_sm); lc.blockDim = dim3(32 * (bc.consumers + 1));
+            lc.dynamicSmemBytes = smem; lc.stream = st; lc.attrs = attr; lc.numAttrs = 1;
+            CK(cudaLaunchKernelEx(&lc, BulkRuns, (const uint8_t*)chain[i], (const uint8_t*)scales[i], total, bc.q,
+                                  bc.stages, bc.lanes, sink));
+          }
+        });
+        std::printf("%-40s %7.1f us  %5.0f GB/s (weights and scales)\n", label, us, bytes * 9 / 8 / us / 1e3);
+        std::fflush(stdout);
+      }
+    }
   }
   if (std::getenv("PROBE_RUNS"))
   for (int wps : {24, 32}) {

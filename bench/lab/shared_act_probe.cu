@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "lab/lab_common.cuh"
+#include "lab/tile_chunk.cuh"
 #include "matmul_nbits/gemv_tiles.cuh"
 
 using namespace ort_mtp::gemv;
@@ -60,23 +61,6 @@ __device__ __forceinline__ int BlockIdx() {
   return v;
 }
 
-__device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void MbarArrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Arrives on bar once this thread's earlier cp.async copies have landed (counted against the init count).
-__device__ __forceinline__ void CpAsyncMbarArrive(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void MbarWait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n@!done bra WAIT;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
 // kTiles warps, one m-tile each, all on K-part blockIdx.x % kparts. kMbar = false: one block barrier per
 // chunk (3 activation stages); true: 4 activation stages with full / empty mbarriers, so that the warps
 // of a block may drift up to two chunks apart.
@@ -88,7 +72,6 @@ template <bool kMbar, bool kFused = false, bool kCluster = false>
 __global__ void __maxnreg__(80) SharedActKernel(const __grid_constant__ SharedParams p) {
   constexpr int kActStages = kMbar ? 4 : kStreamStages;
   using Cfg = TilesConfig<32>;
-  using Dq = Int4Dequant<__half>;
   extern __shared__ __align__(128) unsigned char smem[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2;
   const int kp = blockIdx.x % p.kparts;
@@ -158,34 +141,8 @@ __global__ void __maxnreg__(80) SharedActKernel(const __grid_constant__ SharedPa
     if (kMbar) MbarWait(full + 8 * (i % kActStages), (i / kActStages) & 1);  // every piece of chunk i is in
     const uint32_t stage = ring + (i % kStreamStages) * Cfg::kStageBytes;
     const uint32_t astage = act_ring + (i % kActStages) * kActStage + m * 512 + (lane & 3) * 16;
-    const Dq::Consts dq = Dq::Make(8u);
     const uint32_t* sc = reinterpret_cast<const uint32_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes);
-    float d[1][4];
-    uint32_t pg = 0, ph = 0;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint4 wg = LdShared128(stage + (2 * half) * 512 + lane * 16);
-      const uint4 wh = LdShared128(stage + (2 * half + 1) * 512 + lane * 16);
-      const uint32_t wgs[4] = {wg.x, wg.y, wg.z, wg.w}, whs[4] = {wh.x, wh.y, wh.z, wh.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const int u = 4 * half + w;
-        const uint4 act = LdShared128(astage + ((u ^ (m & 1)) * 64));
-        uint32_t qa[4], qb[4];
-        Dq::Run(wgs[w], dq, qa);
-        Dq::Run(whs[w], dq, qb);
-        const uint32_t a1[4] = {qa[0], qb[0], qa[1], qb[1]};
-        const uint32_t a2[4] = {qa[2], qb[2], qa[3], qb[3]};
-        MmaZeroC<__half>(d[0], a1, act.x, act.y);
-        Mma16816<__half>(d[0], a2, act.z, act.w);
-        if (u % 2 == 0) {
-          pg = sc[(g * 8 + u) / 2];
-          ph = sc[((g + 8) * 8 + u) / 2];
-        }
-        AddScaledBlock<1>(acc, d, BitsToFloat<__half>(static_cast<uint16_t>(pg >> (16 * (u & 1)))),
-                          BitsToFloat<__half>(static_cast<uint16_t>(ph >> (16 * (u & 1)))));
-      }
-    }
+    lab::TileChunkFromShared(stage, sc, astage, m & 1, acc);
     if (kMbar) {
       __syncwarp();
       if (lane == 0) MbarArrive(empty + 8 * (i % kActStages));  // this warp is done with chunk i's stage
