@@ -67,7 +67,7 @@ __global__ void ReadKernel(const uint4* p, size_t n16, uint32_t* sink, int pdl) 
   if (x == 0x12345678u) sink[0] = x;
 }
 
-// mbarriers (shared_act_probe.cu, pipeline_probe.cu's bulk rings).
+// mbarriers and bulk copies (shared_act_probe.cu, pipeline_probe.cu's bulk rings, gemv_bulk.cuh).
 __device__ __forceinline__ void MbarInit(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
