@@ -25,7 +25,11 @@
 // pipeline alone; its checks fail by design), LAB_NO_BALANCE=1 (skip
 // the balance probe at the end), LAB_LAUNCH_PROBE=1 (the same bytes as 4 launches and as one launch of
 // a 4x taller matrix, lab run 18), LAB_CARVEOUT=N, LAB_PLAN_RING=1 (the plan's residency from the M = 1
-// ring kernel, whose stages are the largest; lab run 32 built this file with deeper rings). Lab runs 17-19 also compiled lab-only kernels into
+// ring kernel, whose stages are the largest; lab run 32 built this file with deeper rings). Kernel 2's lab
+// run 41 knobs: LAB_TRACE=1 (a timeline per block of 4 launches, printed after the table), LAB_BULK_GW=GxW,GxW
+// (consumer groups x warps for the K = 5120 shapes, then down), LAB_BULK_Q=q,q, LAB_BULK_SPLIT=1 (equal stage
+// ranges per block), LAB_BULK_PRE=n (stages issued before the activations land), LAB_BULK_MAXSTAGES=n and
+// LAB_BULK_ONE_SLOT=1 (one ring slot per group is enough for MaxM). Lab runs 17-19 also compiled lab-only kernels into
 // this file (bench/lab/gemv_tiles_modes.cuh, gemv_lab15_kernel.cuh, gemv_tiles_split.cuh): they are in
 // the history at a724a5d (bench/results/2026-11-29-lab/README.md), not in the tree.
 #include <cuda_fp16.h>
@@ -159,59 +163,107 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
 // q dividing the m-tile's chunks with q x 2304 bytes <= 40 KB and two stages per consumer group beside one
 // token's activations (a function of the shape only: the arithmetic must not depend on M); as many stages
 // as fit beside the activations (a multiple of the groups: each group its own slots).
-int BulkQ(const Mat& m) {
-  int q = 1;
-  for (int d = 1; d <= m.K / 256; ++d)
-    if ((m.K / 256) % d == 0 && d * lab::kBulkStageChunkBytes <= 40 * 1024 &&
-        lab::BulkSmemBytes(d, 2 * lab::kBulkGroups, 1, m.K) <= g_smem_block)
-      q = d;
-  return q;
+// Lab run 41: the groups G and warps per group W per shape, LAB_BULK_GW=GxW,GxW (K = 5120 shapes: gate_up
+// and the lm_head; K = 17408: down; default 4x6,4x6 as 40l), and q, LAB_BULK_Q=q,q (0: the rule above).
+struct BulkCut { int G, W, q; };
+// Field n of a comma-separated list (the last one if there are fewer).
+const char* Field(const char* v, int n) {
+  for (int i = 0; i < n && std::strchr(v, ','); ++i) v = std::strchr(v, ',') + 1;
+  return v;
+}
+BulkCut BulkCutOf(const Mat& m) {
+  const int which = m.K == kH ? 0 : 1;
+  BulkCut c{4, 6, 0};
+  if (const char* v = std::getenv("LAB_BULK_GW")) std::sscanf(Field(v, which), "%dx%d", &c.G, &c.W);
+  if (const char* v = std::getenv("LAB_BULK_Q")) c.q = std::atoi(Field(v, which));
+  if (c.q == 0) {
+    c.q = 1;
+    for (int d = 1; d <= m.K / 256; ++d)
+      if ((m.K / 256) % d == 0 && d * lab::kBulkStageChunkBytes <= 40 * 1024 &&
+          lab::BulkSmemBytes(d, 2 * c.G, 1, m.K, c.G * c.W) <= g_smem_block)
+        c.q = d;
+  }
+  return c;
 }
 int BulkStages(const Mat& m, int M) {
-  const int q = BulkQ(m);
-  int s = 6 * lab::kBulkGroups;
-  while (s > 0 && lab::BulkSmemBytes(q, s, M, m.K) > g_smem_block) s -= lab::kBulkGroups;
+  const BulkCut c = BulkCutOf(m);
+  // LAB_BULK_MAXSTAGES=n: at most n stages (lab run 41: a shallower ring).
+  static const int cap = std::getenv("LAB_BULK_MAXSTAGES") ? std::atoi(std::getenv("LAB_BULK_MAXSTAGES")) : 1 << 30;
+  int s = std::min(6 * c.G, cap / c.G * c.G);
+  while (s > 0 && lab::BulkSmemBytes(c.q, s, M, m.K, c.G * c.W) > g_smem_block) s -= c.G;
   return s;
 }
 // The largest M a configuration runs on a matrix (bulk: while two stages per consumer group fit beside
-// the activations).
+// the activations, or one with LAB_BULK_ONE_SLOT=1).
 int MaxM(const Mat& m, const Cfg& c) {
   if (c.repacked == 2) {
+    static const int slots = std::getenv("LAB_BULK_ONE_SLOT") ? 1 : 2;
     int M = 0;
-    while (M < 8 && BulkStages(m, M + 1) >= 2 * lab::kBulkGroups) ++M;
+    while (M < 8 && BulkStages(m, M + 1) >= slots * BulkCutOf(m).G) ++M;
     return M;
   }
   return 16;
 }
 
-void LaunchBulk(const Mat& m, const __half* a, __half* y, int M, cudaStream_t st, bool pdl, Plan* out) {
-  const int q = BulkQ(m), stages = BulkStages(m, M);
-  if (M > 8 || stages < 2 * lab::kBulkGroups) {
-    std::fprintf(stderr, "bulk kernel: M=%d on %dx%d does not fit\n", M, m.N, m.K);
-    std::exit(1);
-  }
-  const int smem = lab::BulkSmemBytes(q, stages, M, m.K);
+unsigned long long* g_trace = nullptr;  // lab run 41 (LAB_TRACE=1): the next bulk launch's timeline, or null
+
+template <int G, int W>
+void LaunchBulkGW(const lab::BulkParams& prm, int smem, cudaStream_t st, bool pdl) {
   static const bool no_math = std::getenv("LAB_BULK_NOMATH") != nullptr;  // lab run 40c: the pipeline alone
-  auto kernel = no_math ? lab::GemvBulkKernel<false> : lab::GemvBulkKernel<true>;
+  auto kernel = g_trace ? lab::GemvBulkKernel<G, W, true, true>
+                        : no_math ? lab::GemvBulkKernel<G, W, false> : lab::GemvBulkKernel<G, W, true>;
   static bool configured = false;
   if (!configured) {
-    CK(cudaFuncSetAttribute(lab::GemvBulkKernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
-    CK(cudaFuncSetAttribute(lab::GemvBulkKernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    CK(cudaFuncSetAttribute(lab::GemvBulkKernel<G, W, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    CK(cudaFuncSetAttribute(lab::GemvBulkKernel<G, W, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    CK(cudaFuncSetAttribute(lab::GemvBulkKernel<G, W, true, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
     configured = true;
   }
-  if (out) {
-    *out = Plan{};
-    out->cut.tiles = q; out->cut.kparts = stages; out->cut.blocks = g_sms; out->per_sm = 1; out->waves = 1.0;
-  }
-  lab::BulkParams prm{a, m.bp, reinterpret_cast<const uint8_t*>(m.sp), y, M, m.N, m.K, m.K / 256, q, stages,
-                      m.K * 2 + 64};
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3(g_sms); lc.blockDim = dim3(32 * (lab::kBulkConsumers + 2)); lc.dynamicSmemBytes = smem;
+  lc.gridDim = dim3(g_sms); lc.blockDim = dim3(32 * (G * W + 2)); lc.dynamicSmemBytes = smem;
   lc.stream = st; lc.attrs = attr; lc.numAttrs = pdl ? 1 : 0;
   CK(cudaLaunchKernelEx(&lc, kernel, prm));
+}
+
+void LaunchBulk(const Mat& m, const __half* a, __half* y, int M, cudaStream_t st, bool pdl, Plan* out) {
+  const BulkCut c = BulkCutOf(m);
+  const int stages = BulkStages(m, M);
+  if (M > MaxM(m, Cfg{24, 4, 2})) {
+    std::fprintf(stderr, "bulk kernel: M=%d on %dx%d does not fit\n", M, m.N, m.K);
+    std::exit(1);
+  }
+  const int smem = lab::BulkSmemBytes(c.q, stages, M, m.K, c.G * c.W);
+  if (out) {
+    *out = Plan{};
+    out->cut.tiles = c.q; out->cut.kparts = stages; out->cut.blocks = g_sms; out->per_sm = 1; out->waves = 1.0;
+  }
+  // Lab run 41: LAB_BULK_SPLIT=1 equal stage ranges (default: whole m-tiles per block, 40l); LAB_BULK_PRE=n
+  // stages issued before the activations have landed (default: no limit).
+  static const int split = std::getenv("LAB_BULK_SPLIT") ? std::atoi(std::getenv("LAB_BULK_SPLIT")) : 0;
+  static const int pre = std::getenv("LAB_BULK_PRE") ? std::atoi(std::getenv("LAB_BULK_PRE")) : 1 << 30;
+  static float4* piece_sums = nullptr;
+  static int* piece_count = nullptr;
+  if (!piece_sums) {
+    CK(cudaMalloc(&piece_sums, (size_t)g_sms * 2 * 32 * sizeof(float4)));
+    CK(cudaMalloc(&piece_count, (size_t)kV / 16 * sizeof(int)));
+    CK(cudaMemset(piece_count, 0, (size_t)kV / 16 * sizeof(int)));
+    CK(cudaDeviceSynchronize());  // the memset runs on the legacy stream, st does not wait for it
+  }
+  lab::BulkParams prm{a, m.bp, reinterpret_cast<const uint8_t*>(m.sp), y, M, m.N, m.K, m.K / 256, c.q, stages,
+                      m.K * 2 + 64, g_trace, split, piece_sums, piece_count, pre};
+  const int gw = c.G * 100 + c.W;
+  switch (gw) {
+    case 406: LaunchBulkGW<4, 6>(prm, smem, st, pdl); break;
+    case 405: LaunchBulkGW<4, 5>(prm, smem, st, pdl); break;
+    case 604: LaunchBulkGW<6, 4>(prm, smem, st, pdl); break;
+    case 1202: LaunchBulkGW<12, 2>(prm, smem, st, pdl); break;
+    case 802: LaunchBulkGW<8, 2>(prm, smem, st, pdl); break;
+    case 1002: LaunchBulkGW<10, 2>(prm, smem, st, pdl); break;
+    default: std::fprintf(stderr, "bulk kernel: no instance for %dx%d\n", c.G, c.W); std::exit(1);
+  }
 }
 
 void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out = nullptr) {
@@ -451,6 +503,68 @@ int main(int argc, char** argv) {
   }
   std::printf("(us / %% of 4.2 TB/s; chain %.0f MB, lm_head %.0f MB)\n", chain_bytes / 1e6, head_bytes / 1e6);
 
+  // Timeline (LAB_TRACE=1, kernel 2's configurations): the 4 layers' gate_up (or down) launches at M=1 in
+  // a graph, each block's events (lab::BulkTrace) of the last replay, in us from launch 0's first block
+  // start: min / median / max over the blocks; gap: a block's start after the previous launch's block on
+  // the same SM stored its last m-tile (one block per SM).
+  if (std::getenv("LAB_TRACE")) {
+    const int ev = lab::kBulkTraceEvents, per = g_sms * ev;
+    unsigned long long* tr;
+    CK(cudaMalloc(&tr, (size_t)kLayers * per * 8));
+    for (const Cfg& c : cfgs) {
+      if (c.repacked != 2) continue;
+      for (int which : {0, 1}) {
+        CK(cudaMemset(tr, 0, (size_t)kLayers * per * 8));
+        TimeGraph(st, [&] {
+          for (int l = 0; l < kLayers; ++l) {
+            g_trace = tr + (size_t)l * per;
+            Run(chain[2 * l + which], which ? h1 : x, which ? x : h1, 1, c, st, true);
+          }
+          g_trace = nullptr;
+        }, 1, 5);
+        std::vector<unsigned long long> h((size_t)kLayers * per);
+        CK(cudaMemcpy(h.data(), tr, h.size() * 8, cudaMemcpyDeviceToHost));
+        unsigned long long t0 = ~0ull;
+        for (int b = 0; b < g_sms; ++b) t0 = std::min(t0, h[(size_t)b * ev + lab::kTraceEntry]);
+        std::printf("trace k2 %s M=1, us from launch 0's first start: min/median/max over %d blocks\n",
+                    which ? "down" : "gate_up", g_sms);
+        const char* names[] = {"entry", "sm", "issued", "waited", "acts", "first", "last", "done"};
+        for (int l = 0; l < kLayers; ++l) {
+          std::printf("  launch %d:", l);
+          for (int e = 0; e < ev; ++e) {
+            if (e == lab::kTraceSm) continue;
+            std::vector<double> v;
+            for (int b = 0; b < g_sms; ++b) v.push_back((h[(size_t)l * per + b * ev + e] - (double)t0) / 1e3);
+            std::sort(v.begin(), v.end());
+            std::printf(" %s %.1f/%.1f/%.1f", names[e], v.front(), v[v.size() / 2], v.back());
+          }
+          if (l > 0) {
+            std::vector<double> gap;
+            for (int b = 0; b < g_sms; ++b)
+              for (int b2 = 0; b2 < g_sms; ++b2)
+                if (h[(size_t)(l - 1) * per + b2 * ev + lab::kTraceSm] == h[(size_t)l * per + b * ev + lab::kTraceSm])
+                  gap.push_back((double)(h[(size_t)l * per + b * ev + lab::kTraceEntry] -
+                                         h[(size_t)(l - 1) * per + b2 * ev + lab::kTraceDone]) / 1e3);
+            std::sort(gap.begin(), gap.end());
+            if (!gap.empty()) std::printf(" | gap %.2f/%.2f/%.2f", gap.front(), gap[gap.size() / 2], gap.back());
+          }
+          // The SMs of the 8 blocks that streamed longest (first stage to last): the same SMs every
+          // launch would be slow SMs, not slow blocks.
+          std::vector<std::pair<double, int>> span;
+          for (int b = 0; b < g_sms; ++b) {
+            const unsigned long long* e = &h[(size_t)l * per + b * ev];
+            span.push_back({(double)(e[lab::kTraceLastStage] - e[lab::kTraceFirst]) / 1e3, (int)e[lab::kTraceSm]});
+          }
+          std::sort(span.begin(), span.end());
+          std::printf(" | stream %.1f/%.1f/%.1f, longest on SMs", span.front().first, span[span.size() / 2].first,
+                      span.back().first);
+          for (int i = 0; i < 8; ++i) std::printf(" %d", span[span.size() - 1 - i].second);
+          std::printf("\n");
+        }
+      }
+    }
+    CK(cudaFree(tr));
+  }
   // Balance probe (the first configuration): the same K with N cut to a whole number of blocks per SM
   // (gate_up 16896 = 132 x 128 rows, down 4224 = 132 x 32) against the real N, GB/s per launch. If
   // blocks per SM = 4.12 / 2.42 (real) cost much more per byte than 4 / 2, the tail is the imbalance.

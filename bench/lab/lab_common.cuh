@@ -1,6 +1,6 @@
 // Helpers of the device lab programs (bench/gemv_lab.cu, bench/lab/*.cu): CUDA error checks, fresh
 // non-zero bytes and halves, the plain streaming read (the floor the kernels are compared with),
-// mbarriers and bulk copies, and the median time of a CUDA graph's replays. Lab only.
+// special registers, mbarriers and bulk copies, and the median time of a CUDA graph's replays. Lab only.
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -65,6 +65,31 @@ __global__ void ReadKernel(const uint4* p, size_t n16, uint32_t* sink, int pdl) 
   }
   for (; i < n16; i += stride) { uint4 v = p[i]; x ^= v.x ^ v.y ^ v.z ^ v.w; }
   if (x == 0x12345678u) sink[0] = x;
+}
+
+// Special registers. threadIdx.x / blockIdx.x read again (volatile), so that the compiler does not keep
+// the values it read before a main loop live across it (shared_act_probe.cu spilled them around the loop
+// otherwise); the global nanosecond timer (comparable across SMs) and the SM a thread runs on (lab run
+// 41's per-block timelines of consecutive launches).
+__device__ __forceinline__ int ThreadIdx() {
+  int v;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
+  return v;
+}
+__device__ __forceinline__ int BlockIdx() {
+  int v;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
+  return v;
+}
+__device__ __forceinline__ unsigned long long GlobalTimer() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+__device__ __forceinline__ unsigned SmId() {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(s));
+  return s;
 }
 
 // mbarriers and bulk copies (shared_act_probe.cu, pipeline_probe.cu's bulk rings, gemv_bulk.cuh).

@@ -48,19 +48,6 @@ struct SharedParams {
   int* arrived;    // kFused: per group of m-tiles, how many of its K-part blocks are done (0 between launches)
 };
 
-// threadIdx.x / blockIdx.x read again (volatile), so that the compiler does not keep the values it read
-// before the main loop live across it (it spilled them around the loop otherwise).
-__device__ __forceinline__ int ThreadIdx() {
-  int v;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(v));
-  return v;
-}
-__device__ __forceinline__ int BlockIdx() {
-  int v;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(v));
-  return v;
-}
-
 // kTiles warps, one m-tile each, all on K-part blockIdx.x % kparts. kMbar = false: one block barrier per
 // chunk (3 activation stages); true: 4 activation stages with full / empty mbarriers, so that the warps
 // of a block may drift up to two chunks apart.
