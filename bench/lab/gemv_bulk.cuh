@@ -22,7 +22,8 @@
 // down up to M = 3; lab run 40i, with one slot per group, ran gate_up and the lm_head at M = 8).
 // Lab run 41 added: the groups as template parameters, the reducer's progress counted in shared memory
 // (no mbarrier for the sums' slots), equal stage ranges per block (split), fewer stages before the
-// activations (pre) and a per-block timeline (kTrace). None of them made it faster (bench/NOTES.md).
+// activations (pre) and a per-block timeline (kTrace). None of them made it faster (bench/NOTES.md), and
+// at its defaults this version runs the chain 4% slower than 40l's (lab run 41k; 40l is at c9d7195).
 #pragma once
 #include "lab/lab_common.cuh"
 #include "lab/tile_chunk.cuh"
