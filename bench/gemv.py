@@ -19,7 +19,8 @@ Workloads (int4, block 32, fp16, no zero points, fresh random non-zero data; wei
 M = 1, 2, 3, 4, 6, 8, 12, 16. Every implementation runs in its own process (ORT_FPA_INTB_GEMM and
 ORT_MTP_GEMV_* are read once per process), on a torch stream shared with ORT; a measurement is the
 median over 7 samples of back-to-back graph replays timed with CUDA events (host not waiting between
-replays). GB/s counts weight + scale bytes. Before timing, each process saves its outputs for the
+replays; the JSON also has the host's time per call, 4-13 us on the chain, and --prefill keeps the GPU
+busy while the host queues each sample: lab run 42 found no difference). GB/s counts weight + scale bytes. Before timing, each process saves its outputs for the
 same A; the parent checks ours against a float64 reference (sampled columns) and against ORT's
 default kernel, and that our rows are bit-identical across M.
 """
@@ -217,8 +218,12 @@ def run_worker(plan: dict, impl: str, device: Device) -> dict:
                 estimate = time.perf_counter() - start
                 calls = int(min(100, max(3, round(plan["sample_seconds"] / max(estimate, 1e-6)))))
                 fast = device.run_options(graph_id=M, sync=False)
-                samples = device.time_per_call(lambda: session.run_with_iobinding(binding, fast), calls, plan["reps"])
+                call = lambda: session.run_with_iobinding(binding, fast)  # noqa: E731
+                # --prefill: the GPU asleep while the host queues the calls (2 x the estimate's time at 2 GHz).
+                prefill = int(2 * calls * estimate * 2e9) if plan.get("prefill") and not device.cpu else 0
+                samples = device.time_per_call(call, calls, plan["reps"], prefill_cycles=prefill)
                 entry["M"][str(M)] = {"seconds": float(np.median(samples)), "samples": samples, "calls": calls,
+                                      "host_seconds_per_call": device.host_seconds_per_call(call, calls),
                                       "finite": finite}
                 del binding, ys, a
             del session
@@ -343,7 +348,8 @@ def check_results(plan: dict, results: dict) -> dict:
                     err = float(np.max(np.abs(p[f"{name}|{M}|sample"] - ref) / tol))
                     worst = err if worst is None else max(worst, err)
                 c[f"{impl}_max_err_over_tol"] = worst
-            c["ours_correct"] = c.get("ours_max_err_over_tol") is not None and c["ours_max_err_over_tol"] <= 1.0
+            errs = [c[f"{i}_max_err_over_tol"] for i in probes if i.startswith("ours")]
+            c["ours_correct"] = bool(errs) and all(e is not None and e <= 1.0 for e in errs)
         else:  # chain: each of ours vs ORT default end to end (8 fp16 roundings in a row: relative L2)
             for impl in [i for i in probes if i.startswith("ours")]:
                 rel = {}
@@ -353,8 +359,8 @@ def check_results(plan: dict, results: dict) -> dict:
                         y, r = probes[impl][key], probes["ort"][key]
                         rel[str(M)] = float(np.linalg.norm(y - r) / max(np.linalg.norm(r), 1e-30))
                 c[f"{impl}_vs_ort_rel_l2_max"] = max(rel.values()) if rel else None
-            worst = c.get("ours_vs_ort_rel_l2_max")
-            c["ours_correct"] = worst is not None and worst < 2e-2
+            rels = [c[f"{i}_vs_ort_rel_l2_max"] for i in probes if i.startswith("ours")]
+            c["ours_correct"] = bool(rels) and all(r is not None and r < 2e-2 for r in rels)
         for impl in [i for i in probes if i.startswith("ours")]:  # row i of every M = row i of the largest M
             got = [M for M in plan["ms"] if f"{name}|{M}|bits" in probes[impl]]
             if got:
@@ -463,6 +469,8 @@ def main(argv=None) -> int:
     parser.add_argument("--scratch", default="/tmp/ort_mtp_gemv", help="where the weights are written")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--no-copy-slots", action="store_true", help="skip the CopySlots measurement")
+    parser.add_argument("--prefill", action="store_true",
+                        help="keep the GPU busy while the host queues each sample's calls (lab run 42)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -507,7 +515,7 @@ def parent(args) -> int:
     scratch = Path(args.scratch)
     plan = {"seed": args.seed, "ms": ms, "reps": 3 if args.cpu_dry_run else 7,
             "probe_prefix": str(scratch / "probe_"),
-            "sample_seconds": 0.002 if args.cpu_dry_run else 0.004, "workloads": []}
+            "sample_seconds": 0.002 if args.cpu_dry_run else 0.004, "prefill": args.prefill, "workloads": []}
     for i, w in enumerate(chosen):
         entry = write_workload(scratch / w["name"], w, args.seed + 100 * i, tiles="ours_tiles" in impls)
         rng = np.random.default_rng(args.seed + i)
@@ -573,8 +581,11 @@ def parent(args) -> int:
     for t in report["targets"]:
         verdict = "NO DATA" if t["met"] is None else "MET" if t["met"] else "MISS"
         print(f"target {verdict:<7} {'tiles' if t['impl'] == 'ours_tiles' else 'ours':<5}: {t['target']}: {t['measured']}")
-    ok = not report["errors"] and all(c.get("ours_correct", True) and c.get("ours_rows_bit_identical_across_M", True)
-                                      and not c.get("non_finite") for c in report["checks"].values())
+    # Every implementation of ours that ran: correct and its rows bit-identical across M.
+    ok = not report["errors"] and all(
+        c.get("ours_correct", True) and not c.get("non_finite")
+        and all(v for k, v in c.items() if k.endswith("_rows_bit_identical_across_M"))
+        for c in report["checks"].values())
     return 0 if ok else 1
 
 

@@ -141,8 +141,10 @@ class Device:
             self.stream.synchronize()
 
     # ---- timing ----
-    def time_per_call(self, fn, calls: int, reps: int) -> list[float]:
-        """Seconds per call of fn(), `reps` samples of `calls` back-to-back calls each."""
+    def time_per_call(self, fn, calls: int, reps: int, prefill_cycles: int = 0) -> list[float]:
+        """Seconds per call of fn(), `reps` samples of `calls` back-to-back calls each. prefill_cycles: a
+        sleep kernel of that many GPU clocks first, so that the host has queued the calls before the GPU
+        reaches them (the GPU's time alone, not the host's pace; lab run 42)."""
         samples = []
         for _ in range(reps):
             if self.cpu:
@@ -153,6 +155,9 @@ class Device:
             else:
                 torch = self.torch
                 begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                if prefill_cycles:
+                    with torch.cuda.stream(self.stream):
+                        torch.cuda._sleep(prefill_cycles)
                 begin.record(self.stream)
                 for _ in range(calls):
                     fn()
@@ -160,6 +165,15 @@ class Device:
                 end.synchronize()
                 samples.append(begin.elapsed_time(end) * 1e-3 / calls)
         return samples
+
+    def host_seconds_per_call(self, fn, calls: int) -> float:
+        """The host's time per call of fn() issued back to back, not waiting for the device."""
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        pace = (time.perf_counter() - start) / calls
+        self.synchronize()
+        return pace
 
     def copy_ceiling(self, nbytes: int, reps: int = 10) -> dict:
         """Device-to-device copy bandwidth counting bytes read + written (METHOD.md's ceiling)."""
