@@ -20,9 +20,10 @@ M = 1, 2, 3, 4, 6, 8, 12, 16. Every implementation runs in its own process (ORT_
 ORT_MTP_GEMV_* are read once per process), on a torch stream shared with ORT; a measurement is the
 median over 7 samples of back-to-back graph replays timed with CUDA events (host not waiting between
 replays; the JSON also has the host's time per call, 4-13 us on the chain, and --prefill keeps the GPU
-busy while the host queues each sample: lab run 42 found no difference). GB/s counts weight + scale bytes. Before timing, each process saves its outputs for the
-same A; the parent checks ours against a float64 reference (sampled columns) and against ORT's
-default kernel, and that our rows are bit-identical across M.
+busy while the host queues each sample: lab run 42 found no difference). GB/s counts weight + scale
+bytes. Before timing, each process saves its outputs for the same A; the parent checks ours against a
+float64 reference (sampled columns) and against ORT's default kernel, and that our rows are
+bit-identical across M.
 """
 
 from __future__ import annotations
@@ -218,7 +219,9 @@ def run_worker(plan: dict, impl: str, device: Device) -> dict:
                 estimate = time.perf_counter() - start
                 calls = int(min(100, max(3, round(plan["sample_seconds"] / max(estimate, 1e-6)))))
                 fast = device.run_options(graph_id=M, sync=False)
-                call = lambda: session.run_with_iobinding(binding, fast)  # noqa: E731
+                def call():
+                    session.run_with_iobinding(binding, fast)
+
                 # --prefill: the GPU asleep while the host queues the calls (2 x the estimate's time at 2 GHz).
                 prefill = int(2 * calls * estimate * 2e9) if plan.get("prefill") and not device.cpu else 0
                 samples = device.time_per_call(call, calls, plan["reps"], prefill_cycles=prefill)
