@@ -55,7 +55,9 @@ struct StreamParams : GemvOperands {  // zero_points: packed int4 (read only by 
 };
 
 constexpr int kStreamMaxWarps = 16;  // 512 threads: the compiler may use up to 128 registers
-constexpr int kStreamStages = 3;     // 2 chunks in flight per warp (4 stages: slower, device lab run 23)
+// 2 chunks in flight per warp. Slower (bench/NOTES.md): 4 stages (device lab run 23); the stage refilled
+// before the wait for the next chunk instead of after it, 3 chunks in flight while a warp waits (lab run 41).
+constexpr int kStreamStages = 3;
 
 // kActRing: the stage also holds the chunk's activations of a single token (the M = 1 kernels,
 // RingActivations below).
@@ -286,6 +288,8 @@ struct RingActivations {
 // activations, with kActRing and with_act). The first kStreamStages - 1 chunks are issued without
 // activations, then WaitForActivations (the weights load while the previous kernel finishes), then,
 // with kActRing, those chunks' activations (RingActivations::First; c_count: chunks of the warp's run).
+// Two chunks before the wait are the best of 0-3 (lab run 41: M=1 chain 131, 118, 111, 116 us): fewer
+// leave the memory idle at the kernel boundary, more delay the activations queued behind them.
 template <typename T, int kNT, bool kActRing, int kKC, typename Issue>
 __device__ __forceinline__ void StartRun(Issue& issue, const StreamParams& p, const WarpTask& w, const T* (&arow)[kNT],
                                          RingActivations<T, kKC>& ract, uint32_t ring, int stage_bytes,

@@ -6,7 +6,7 @@
 # each sample's calls: if that is faster, the host's pace was in the measurement), and the host's time
 # per session.run call. Run from the repository root after the ORT setup chunk:
 #
-#     source .device/cN/setup.sh && bash bench/ort_gap_probe.sh
+#     source .device/cN/setup.sh && bash bench/lab/ort_gap_probe.sh
 #
 # Writes under $OUT: build.log, lab.log, plain/ and prefill/ (gemv.py's JSON and log).
 set -u
