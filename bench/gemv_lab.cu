@@ -19,8 +19,8 @@
 //      50 MB each can reach here (bench/gemv.py measures the copy ceiling the targets refer to);
 //   4. one shape at a time: 4 launches of gate_up (or down) at M = 1 and 8, us per launch.
 // Environment: LAB_NO_ACT_RING=1 (the kernels at M = 1 without their activations in the ring),
-// LAB_KERNELS=0,1,2,1:20 (which kernels, in order: 0 stream, 1 tiles, 2 the lab's producer / consumer
-// kernel, lab/gemv_bulk.cuh, lab run 40: M <= 8 where its activations fit, the rest printed as "-";
+// LAB_KERNELS=0,1,2,3,1:20 (which kernels, in order: 0 stream, 1 tiles, 2 the lab's producer / consumer
+// kernel, lab/gemv_bulk.cuh, lab run 40: M <= 8 where its activations fit, the rest printed as "-"; 3 below;
 // :W plans for W warps per SM instead of 24), LAB_BULK_NOMATH=1 (kernel 2 without its arithmetic: the
 // pipeline alone; its checks fail by design), LAB_NO_BALANCE=1 (skip
 // the balance probe at the end), LAB_LAUNCH_PROBE=1 (the same bytes as 4 launches and as one launch of
@@ -29,7 +29,10 @@
 // run 41 knobs: LAB_TRACE=1 (a timeline per block of 4 launches, printed after the table), LAB_BULK_GW=GxW,GxW
 // (consumer groups x warps for the K = 5120 shapes, then down), LAB_BULK_Q=q,q, LAB_BULK_SPLIT=1 (equal stage
 // ranges per block), LAB_BULK_PRE=n (stages issued before the activations land), LAB_BULK_MAXSTAGES=n and
-// LAB_BULK_ONE_SLOT=1 (one ring slot per group is enough for MaxM). Lab runs 17-19 also compiled lab-only kernels into
+// LAB_BULK_ONE_SLOT=1 (one ring slot per group is enough for MaxM). Kernel 3 (lab run 46): M = 2..8 on
+// lab/gemv_group_act.cuh (the activations shared through shared memory by the warps of a K-part), the op's tiles
+// kernels at M = 1 and M > 8; LAB_GA_SKIP=K (shapes with that K on the op's 8-token kernel instead),
+// LAB_GA_R1=1 (the op's own blocks instead of larger ones). Lab runs 17-19 also compiled lab-only kernels into
 // this file (bench/lab/gemv_tiles_modes.cuh, gemv_lab15_kernel.cuh, gemv_tiles_split.cuh): they are in
 // the history at a724a5d (bench/results/2026-11-29-lab/README.md), not in the tree.
 #include <cuda_fp16.h>
@@ -44,6 +47,7 @@
 
 #include "matmul_nbits/gemv_stream.cuh"
 #include "lab/gemv_bulk.cuh"
+#include "lab/gemv_group_act.cuh"
 #include "lab/gemv_repacked.cuh"
 #include "lab/lab_common.cuh"
 
@@ -266,8 +270,76 @@ void LaunchBulk(const Mat& m, const __half* a, __half* y, int M, cudaStream_t st
   }
 }
 
+// Kernel 3 (lab run 46): M = 2..8 on lab::GemvTilesGroupActKernel (lab/gemv_group_act.cuh), the op's tiles
+// kernels at M = 1 and M > 8. Its blocks regroup the op's cut (the 8-token kernel's, as LaunchT) without
+// changing any m-tile's K-split: one block per SM of 3 or 2 m-tiles where the op has blocks of one m-tile
+// (down: 1 x 8), else two of the op's blocks in one (gate_up: 2 x 3 -> 4 x 3, the alt 3 x 2 -> 6 x 2).
+void LaunchGA(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl) {
+  auto kernel = lab::GemvTilesGroupActKernel<__half, kBS>;
+  static bool configured = false;
+  if (!configured) {
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    configured = true;
+  }
+  const Plan pl = MakePlan(m.N, m.K, 256, c, StreamConfig<kBS, 256, 1>::kWarpBytes, KernelOf<1, 1>());
+  const StreamCut& cut = pl.cut;
+  const int n_tiles = (m.N + 15) / 16;
+  StreamCut ga = cut;
+  int warps = 0;
+  // LAB_GA_R1=1: the op's own blocks (sharing only within them; M <= 4 keeps the op's blocks per SM).
+  static const bool own_blocks = std::getenv("LAB_GA_R1") != nullptr;
+  if (own_blocks) {
+    warps = cut.tiles * cut.kparts;
+  } else if (cut.alt_blocks == 0 && cut.tiles == 1 && n_tiles > g_sms && (n_tiles / g_sms + 1) * cut.kparts <= lab::kGaMaxWarps) {
+    const int base = n_tiles / g_sms, extra = n_tiles % g_sms;
+    ga.tiles = base; ga.alt_tiles = base + 1; ga.alt_kparts = cut.kparts; ga.alt_blocks = extra; ga.blocks = g_sms;
+    warps = (base + (extra ? 1 : 0)) * cut.kparts;
+  } else {
+    const int w = cut.tiles * cut.kparts;
+    const int R = (cut.alt_blocks % 2 == 0 && 2 * w <= lab::kGaMaxWarps) ? 2 : 1;
+    ga.tiles = R * cut.tiles; ga.alt_tiles = R * cut.alt_tiles; ga.alt_blocks = cut.alt_blocks / R;
+    ga.blocks = ga.alt_blocks + (cut.blocks - cut.alt_blocks + R - 1) / R;
+    warps = R * w;
+  }
+  const int smem = lab::GaSmemBytes<kBS>(warps, std::max(ga.kparts, ga.alt_kparts), M);
+  if (smem > g_smem_block) {
+    std::fprintf(stderr, "group-act kernel: %d bytes of shared memory for M=%d on %dx%d\n", smem, M, m.N, m.K);
+    std::exit(1);
+  }
+  StreamParams prm{};
+  prm.a = a; prm.b = m.bp; prm.scales = m.sp; prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
+  prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / 256;
+  prm.kparts = ga.kparts; prm.rows_per_block = 16 * ga.tiles; prm.pdl = pdl;
+  prm.alt_blocks = (int)ga.alt_blocks; prm.alt_kparts = ga.alt_kparts; prm.alt_rows = 16 * ga.alt_tiles;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3((unsigned)ga.blocks, 1, 1);
+  lc.blockDim = dim3(32 * warps, 1, 1);
+  lc.dynamicSmemBytes = smem;
+  lc.stream = st; lc.attrs = attr; lc.numAttrs = pdl ? 1 : 0;
+  static bool printed[3] = {false, false, false};
+  const int which = m.N == kI ? 0 : m.N == kH ? 1 : 2;
+  if (!printed[which]) {
+    printed[which] = true;
+    std::printf("  group-act cut %dx%d: %d blocks of %d warps, %d alt of %d m-tiles x %d, %d x %d K-parts; smem %d at M=%d\n",
+                m.N, m.K, (int)ga.blocks, warps, (int)ga.alt_blocks, ga.alt_tiles, ga.alt_kparts, ga.tiles, ga.kparts, smem, M);
+  }
+  CK(cudaLaunchKernelEx(&lc, kernel, prm));
+}
+
 void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out = nullptr) {
   if (c.repacked == 2) return LaunchBulk(m, a, y, M, st, pdl, out);
+  if (c.repacked == 3) {
+    if (M == 1) return LaunchT<1, 1, true>(m, a, y, M, c, st, pdl, out);
+    if (M > 8) return LaunchT<2, 1>(m, a, y, M, c, st, pdl, out);
+    // LAB_GA_SKIP=K: shapes with this K run the op's 8-token tiles kernel instead (5120: gate_up and the
+    // lm_head, 17408: down).
+    static const int skip_k = std::getenv("LAB_GA_SKIP") ? std::atoi(std::getenv("LAB_GA_SKIP")) : 0;
+    if (m.K == skip_k) return LaunchT<1, 1>(m, a, y, M, c, st, pdl, out);
+    return LaunchGA(m, a, y, M, c, st, pdl);
+  }
 #define LAB_LAUNCH(K)                                                                     \
   case K:                                                                                 \
     if (M > 8) LaunchT<2, K>(m, a, y, M, c, st, pdl, out);                                \
