@@ -10,9 +10,12 @@
 //
 // Blocks are larger than the op's so that more warps share (gate_up: two of the op's 2 x 3 blocks in one,
 // 4 x 3; down: one block per SM of 3 or 2 m-tiles x 8 K-parts, 24 warps), but every m-tile keeps the op's
-// K-split, so a row's arithmetic is the op's: rows bit-identical to the op's M = 1 kernel.
+// K-split, and a chunk's arithmetic is lab/tile_chunk.cuh's (the op's per tile-chunk; fp16, block 32), so a
+// row's arithmetic is the op's: rows bit-identical to the op's M = 1 kernel.
 #pragma once
-#include "matmul_nbits/gemv_tiles.cuh"
+#include <type_traits>
+
+#include "lab/tile_chunk.cuh"
 
 namespace ort_mtp {
 namespace gemv {
@@ -39,9 +42,8 @@ inline int GaSmemBytes(int warps, int groups, int m) {
 
 template <typename T, int kBS>
 __global__ void __launch_bounds__(32 * kGaMaxWarps, 1) GemvTilesGroupActKernel(const __grid_constant__ StreamParams p) {
+  static_assert(std::is_same<T, __half>::value && kBS == 32, "TileChunkFromShared: fp16, block 32");
   using Cfg = TilesConfig<kBS>;
-  using Dq = Int4Dequant<T>;
-  constexpr int kUnits = Cfg::kKC / 32, kUnitsPerBlock = kBS / 32;
   extern __shared__ __align__(128) unsigned char smem[];
 
   const int lane = threadIdx.x & 31;
@@ -88,8 +90,8 @@ __global__ void __launch_bounds__(32 * kGaMaxWarps, 1) GemvTilesGroupActKernel(c
   RingActivations<T, Cfg::kKC> ract(p, task);  // not used (kActRing false)
   StartRun<T, 1, false>(issue, p, task, arow, ract, ring, Cfg::kStageBytes, 0, c_count);
   issue_act(0);
-  const int g = lane >> 2, t = lane & 3;
-  const int atok = min(g, ma - 1);
+  const int atok = min(static_cast<int>(lane >> 2), ma - 1);  // lane (g, t) feeds token g (the last one past M)
+  const uint32_t a_lane = static_cast<uint32_t>(atok * 512 + (lane & 3) * 16);
 
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   uint32_t stage = ring;
@@ -102,45 +104,9 @@ __global__ void __launch_bounds__(32 * kGaMaxWarps, 1) GemvTilesGroupActKernel(c
     NamedBarrier(1 + kp, members * 32);  // every member's share of chunk i landed; all are past chunk i - 1
     issue_act(i + 1);                    // into the stage chunk i - 1 used
     issue(i + kStreamStages - 1, true);  // into the stage read in iteration i - 1
-    const uint32_t aslot = act_ring + static_cast<uint32_t>((i & 1) * ma * 512);
-    uint4 act[kUnits];
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) act[u] = LdShared128(GaActAddr(aslot, atok, 4 * u + t));
-
-    const typename Dq::Consts dq = Dq::Make(8u);
-    const uint32_t* sc = reinterpret_cast<const uint32_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes);
-    float d[1][4];
-    uint32_t pg = 0, ph = 0;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const uint4 wg = LdShared128(stage + (2 * half) * 512 + lane * 16);
-      const uint4 wh = LdShared128(stage + (2 * half + 1) * 512 + lane * 16);
-      const uint32_t wgs[4] = {wg.x, wg.y, wg.z, wg.w}, whs[4] = {wh.x, wh.y, wh.z, wh.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const int u = 4 * half + w;
-        const int blk = u / kUnitsPerBlock;
-        uint32_t qa[4], qb[4];
-        Dq::Run(wgs[w], dq, qa);
-        Dq::Run(whs[w], dq, qb);
-        const uint32_t a1[4] = {qa[0], qb[0], qa[1], qb[1]};
-        const uint32_t a2[4] = {qa[2], qb[2], qa[3], qb[3]};
-        if (u % kUnitsPerBlock == 0) {
-          MmaZeroC<T>(d[0], a1, act[u].x, act[u].y);
-        } else {
-          Mma16816<T>(d[0], a1, act[u].x, act[u].y);
-        }
-        Mma16816<T>(d[0], a2, act[u].z, act[u].w);
-        if ((u + 1) % kUnitsPerBlock == 0) {
-          if (blk % 2 == 0) {
-            pg = sc[(g * Cfg::kPerRow + blk) / 2];
-            ph = sc[((g + 8) * Cfg::kPerRow + blk) / 2];
-          }
-          AddScaledBlock<1>(acc, d, BitsToFloat<T>(static_cast<uint16_t>(pg >> (16 * (blk & 1)))),
-                            BitsToFloat<T>(static_cast<uint16_t>(ph >> (16 * (blk & 1)))));
-        }
-      }
-    }
+    // GaActAddr's granule 4u + t of token atok is at unit (u ^ (atok & 1)) of its row.
+    TileChunkFromShared(stage, reinterpret_cast<const uint32_t*>(smem + (stage - SmemAddr(smem)) + Cfg::kWBytes),
+                        act_ring + static_cast<uint32_t>((i & 1) * ma * 512) + a_lane, atok & 1, acc);
     stage = NextStage<Cfg::kStageBytes>(stage, ring, last_stage);
   }
   CpAsyncWait<0>();
