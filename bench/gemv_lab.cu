@@ -32,7 +32,9 @@
 // LAB_BULK_ONE_SLOT=1 (one ring slot per group is enough for MaxM). Kernel 3 (lab run 46): M = 2..8 on
 // lab/gemv_group_act.cuh (the activations shared through shared memory by the warps of a K-part), the op's tiles
 // kernels at M = 1 and M > 8; LAB_GA_SKIP=K (shapes with that K on the op's 8-token kernel instead),
-// LAB_GA_R1=1 (the op's own blocks instead of larger ones). Lab runs 17-19 also compiled lab-only kernels into
+// LAB_GA_R1=1 (the op's own blocks instead of larger ones), LAB_GA_CA=1 (its activation copies through L1).
+// Kernel 4 (lab run 47): the op's tiles kernels on kernel 3's larger blocks (24-warp blocks need a build with
+// -DORT_MTP_LAB_BOUND_WARPS=24 and lab47_bound_warps.patch). Lab runs 17-19 also compiled lab-only kernels into
 // this file (bench/lab/gemv_tiles_modes.cuh, gemv_lab15_kernel.cuh, gemv_tiles_split.cuh): they are in
 // the history at a724a5d (bench/results/2026-11-29-lab/README.md), not in the tree.
 #include <cuda_fp16.h>
@@ -271,39 +273,36 @@ void LaunchBulk(const Mat& m, const __half* a, __half* y, int M, cudaStream_t st
 }
 
 // Kernel 3 (lab run 46): M = 2..8 on lab::GemvTilesGroupActKernel (lab/gemv_group_act.cuh), the op's tiles
-// kernels at M = 1 and M > 8. Its blocks regroup the op's cut (the 8-token kernel's, as LaunchT) without
-// changing any m-tile's K-split: one block per SM of 3 or 2 m-tiles where the op has blocks of one m-tile
-// (down: 1 x 8), else two of the op's blocks in one (gate_up: 2 x 3 -> 4 x 3, the alt 3 x 2 -> 6 x 2).
-void LaunchGA(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl) {
-  auto kernel = lab::GemvTilesGroupActKernel<__half, kBS>;
-  static bool configured = false;
-  if (!configured) {
-    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
-    configured = true;
-  }
+// kernels at M = 1 and M > 8. Kernel 4 (lab run 47): the op's tiles kernels (M <= 8) on kernel 3's blocks.
+// Those blocks regroup the op's cut (the 8-token kernel's, as LaunchT) without changing any m-tile's K-split:
+// one block per SM of 3 or 2 m-tiles where the op has blocks of one m-tile (down: 1 x 8), else two of the op's
+// blocks in one (gate_up: 2 x 3 -> 4 x 3, the alt 3 x 2 -> 6 x 2). Returns the warps per block.
+int RegroupedCut(const Mat& m, const Cfg& c, StreamCut& ga) {
   const Plan pl = MakePlan(m.N, m.K, 256, c, StreamConfig<kBS, 256, 1>::kWarpBytes, KernelOf<1, 1>());
   const StreamCut& cut = pl.cut;
   const int n_tiles = (m.N + 15) / 16;
-  StreamCut ga = cut;
-  int warps = 0;
-  // LAB_GA_R1=1: the op's own blocks (sharing only within them; M <= 4 keeps the op's blocks per SM).
+  ga = cut;
+  // LAB_GA_R1=1: the op's own blocks (kernel 3 then shares only within them; M <= 4 keeps the op's blocks per SM).
   static const bool own_blocks = std::getenv("LAB_GA_R1") != nullptr;
-  if (own_blocks) {
-    warps = cut.tiles * cut.kparts;
-  } else if (cut.alt_blocks == 0 && cut.tiles == 1 && n_tiles > g_sms && (n_tiles / g_sms + 1) * cut.kparts <= lab::kGaMaxWarps) {
+  if (own_blocks) return cut.tiles * cut.kparts;
+  if (cut.alt_blocks == 0 && cut.tiles == 1 && n_tiles > g_sms && (n_tiles / g_sms + 1) * cut.kparts <= lab::kGaMaxWarps) {
     const int base = n_tiles / g_sms, extra = n_tiles % g_sms;
     ga.tiles = base; ga.alt_tiles = base + 1; ga.alt_kparts = cut.kparts; ga.alt_blocks = extra; ga.blocks = g_sms;
-    warps = (base + (extra ? 1 : 0)) * cut.kparts;
-  } else {
-    const int w = cut.tiles * cut.kparts;
-    const int R = (cut.alt_blocks % 2 == 0 && 2 * w <= lab::kGaMaxWarps) ? 2 : 1;
-    ga.tiles = R * cut.tiles; ga.alt_tiles = R * cut.alt_tiles; ga.alt_blocks = cut.alt_blocks / R;
-    ga.blocks = ga.alt_blocks + (cut.blocks - cut.alt_blocks + R - 1) / R;
-    warps = R * w;
+    return (base + (extra ? 1 : 0)) * cut.kparts;
   }
-  const int smem = lab::GaSmemBytes<kBS>(warps, std::max(ga.kparts, ga.alt_kparts), M);
+  const int w = cut.tiles * cut.kparts;
+  const int R = (cut.alt_blocks % 2 == 0 && 2 * w <= lab::kGaMaxWarps) ? 2 : 1;
+  ga.tiles = R * cut.tiles; ga.alt_tiles = R * cut.alt_tiles; ga.alt_blocks = cut.alt_blocks / R;
+  ga.blocks = ga.alt_blocks + (cut.blocks - cut.alt_blocks + R - 1) / R;
+  return R * w;
+}
+
+// One launch of `kernel` on a regrouped cut (one pass: M <= 8).
+template <typename Kernel>
+void LaunchOnCut(Kernel kernel, const char* name, const Mat& m, const __half* a, __half* y, int M, const StreamCut& ga,
+                 int warps, int smem, cudaStream_t st, bool pdl) {
   if (smem > g_smem_block) {
-    std::fprintf(stderr, "group-act kernel: %d bytes of shared memory for M=%d on %dx%d\n", smem, M, m.N, m.K);
+    std::fprintf(stderr, "%s: %d bytes of shared memory for M=%d on %dx%d\n", name, smem, M, m.N, m.K);
     std::exit(1);
   }
   StreamParams prm{};
@@ -323,10 +322,44 @@ void LaunchGA(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cud
   const int which = m.N == kI ? 0 : m.N == kH ? 1 : 2;
   if (!printed[which]) {
     printed[which] = true;
-    std::printf("  group-act cut %dx%d: %d blocks of %d warps, %d alt of %d m-tiles x %d, %d x %d K-parts; smem %d at M=%d\n",
+    std::printf("  %s cut %dx%d: %d blocks of %d warps, %d alt of %d m-tiles x %d, %d x %d K-parts; smem %d at M=%d\n", name,
                 m.N, m.K, (int)ga.blocks, warps, (int)ga.alt_blocks, ga.alt_tiles, ga.alt_kparts, ga.tiles, ga.kparts, smem, M);
   }
   CK(cudaLaunchKernelEx(&lc, kernel, prm));
+}
+
+void LaunchGA(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl) {
+  // LAB_GA_CA=1 (lab run 47): the activations copied with cp.async.ca (through L1) instead of .cg.
+  static const bool via_l1 = std::getenv("LAB_GA_CA") != nullptr;
+  auto kernel = via_l1 ? lab::GemvTilesGroupActKernel<__half, kBS, true> : lab::GemvTilesGroupActKernel<__half, kBS, false>;
+  static bool configured = false;
+  if (!configured) {
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    configured = true;
+  }
+  StreamCut ga;
+  const int warps = RegroupedCut(m, c, ga);
+  LaunchOnCut(kernel, "group-act", m, a, y, M, ga, warps, lab::GaSmemBytes<kBS>(warps, std::max(ga.kparts, ga.alt_kparts), M),
+              st, pdl);
+}
+
+// Kernel 4 at M <= 8 (24-warp blocks need the lab built with -DORT_MTP_LAB_BOUND_WARPS=24: the op's kernels'
+// launch bounds are 512 threads).
+void LaunchRegrouped(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl) {
+  auto k1 = GemvTilesKernel<__half, kBS, 1, true>;
+  auto k8 = GemvTilesKernel<__half, kBS, 1, false>;
+  static bool configured = false;
+  if (!configured) {
+    for (auto k : {k1, k8}) CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, g_smem_block));
+    configured = true;
+  }
+  StreamCut ga;
+  const int warps = RegroupedCut(m, c, ga);
+  if (M == 1) {
+    LaunchOnCut(k1, "regrouped", m, a, y, M, ga, warps, warps * TilesConfig<kBS, true>::kWarpBytes, st, pdl);
+  } else {
+    LaunchOnCut(k8, "regrouped", m, a, y, M, ga, warps, warps * TilesConfig<kBS>::kWarpBytes, st, pdl);
+  }
 }
 
 void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out = nullptr) {
@@ -339,6 +372,11 @@ void Run(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStre
     static const int skip_k = std::getenv("LAB_GA_SKIP") ? std::atoi(std::getenv("LAB_GA_SKIP")) : 0;
     if (m.K == skip_k) return LaunchT<1, 1>(m, a, y, M, c, st, pdl, out);
     return LaunchGA(m, a, y, M, c, st, pdl);
+  }
+  if (c.repacked == 4) {
+    if (M > 8) return LaunchT<2, 1>(m, a, y, M, c, st, pdl, out);
+    if (out) *out = MakePlan(m.N, m.K, 256, c, StreamConfig<kBS, 256, 1>::kWarpBytes, KernelOf<1, 1>());  // the op's cut
+    return LaunchRegrouped(m, a, y, M, c, st, pdl);
   }
 #define LAB_LAUNCH(K)                                                                     \
   case K:                                                                                 \

@@ -40,7 +40,18 @@ inline int GaSmemBytes(int warps, int groups, int m) {
   return warps * TilesConfig<kBS>::kWarpBytes + groups * 2 * m * 512;
 }
 
-template <typename T, int kBS>
+// kViaL1 (lab run 47): cp.async.ca, which allocates the lines in L1, so that the groups of other blocks on
+// the SM on the same K-part find them there; otherwise cp.async.cg (L2 only), as the op's ring copies.
+template <bool kViaL1>
+__device__ __forceinline__ void CopyAct(uint32_t dst, const void* src) {
+  if constexpr (kViaL1) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+  } else {
+    CpAsync16(dst, src, true);
+  }
+}
+
+template <typename T, int kBS, bool kViaL1 = false>
 __global__ void __launch_bounds__(32 * kGaMaxWarps, 1) GemvTilesGroupActKernel(const __grid_constant__ StreamParams p) {
   static_assert(std::is_same<T, __half>::value && kBS == 32, "TileChunkFromShared: fp16, block 32");
   using Cfg = TilesConfig<kBS>;
@@ -82,7 +93,7 @@ __global__ void __launch_bounds__(32 * kGaMaxWarps, 1) GemvTilesGroupActKernel(c
       const uint32_t slot = act_ring + static_cast<uint32_t>((j & 1) * ma * 512);
       const T* src = act_src + static_cast<int64_t>(j) * Cfg::kKC;
       for (int tok = member; tok < ma; tok += members)  // this lane: granule `lane` of the share's tokens
-        CpAsync16(GaActAddr(slot, tok, lane), src + static_cast<int64_t>(tok) * p.K + lane * 8, true);
+        CopyAct<kViaL1>(GaActAddr(slot, tok, lane), src + static_cast<int64_t>(tok) * p.K + lane * 8);
     }
     CpAsyncCommit();
   };
