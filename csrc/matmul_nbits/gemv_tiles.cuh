@@ -97,7 +97,10 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
     const int64_t k0 = static_cast<int64_t>(c_begin + i) * Cfg::kKC;
     // The chunk's activations at its top (as in the stream kernel; the M = 1 kernel reads them from
     // the stage per half instead): lane (g, t) holds k 8t..8t+7 of each unit for token g, in the
-    // natural pairs the conversion hands out.
+    // natural pairs the conversion hands out. These loads are all that M = 2..8 pay over M = 1: without
+    // them the chain would run at 107-108 us at every M (device lab run 44). Every way tried of getting
+    // them here earlier was slower: L1 prefetches, per-warp or shared stages a chunk ahead, larger
+    // blocks that share them (lab runs 26-34 and 45-47, bench/NOTES.md).
     uint4 act[kNT][kUnits];
     if constexpr (!kActRing) {
 #pragma unroll
