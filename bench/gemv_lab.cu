@@ -119,6 +119,39 @@ auto KernelOf() {
   else return GemvTilesKernel<__half, kBS, kNT, kActRing>;
 }
 
+// One launch of `kernel` on a cut: blocks x token passes of `tokens`; B and scales in the tiles layout
+// (repacked) or MatMulNBits' own. name: printed with the cut on a shape's first launch (kernels 3 and 4), or null.
+template <typename Kernel>
+void LaunchOnCut(Kernel kernel, const char* name, const Mat& m, const __half* a, __half* y, int M, const StreamCut& cut,
+                 int warps, int smem, int tokens, bool repacked, cudaStream_t st, bool pdl) {
+  if (smem > g_smem_block) {
+    std::fprintf(stderr, "%s: %d bytes of shared memory for M=%d on %dx%d\n", name ? name : "kernel", smem, M, m.N, m.K);
+    std::exit(1);
+  }
+  StreamParams prm{};
+  prm.a = a; prm.b = repacked ? m.bp : m.b; prm.scales = repacked ? m.sp : m.s;
+  prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
+  prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / 256;
+  prm.kparts = cut.kparts; prm.rows_per_block = 16 * cut.tiles; prm.pdl = pdl;
+  prm.alt_blocks = (int)cut.alt_blocks; prm.alt_kparts = cut.alt_kparts; prm.alt_rows = 16 * cut.alt_tiles;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3((unsigned)cut.blocks, (M + tokens - 1) / tokens, 1);
+  lc.blockDim = dim3(32 * warps, 1, 1);
+  lc.dynamicSmemBytes = smem;
+  lc.stream = st; lc.attrs = attr; lc.numAttrs = pdl ? 1 : 0;
+  static bool printed[3] = {false, false, false};
+  const int which = m.N == kI ? 0 : m.N == kH ? 1 : 2;
+  if (name && !printed[which]) {
+    printed[which] = true;
+    std::printf("  %s cut %dx%d: %d blocks of %d warps, %d alt of %d m-tiles x %d, %d x %d K-parts; smem %d at M=%d\n", name,
+                m.N, m.K, (int)cut.blocks, warps, (int)cut.alt_blocks, cut.alt_tiles, cut.alt_kparts, cut.tiles, cut.kparts, smem, M);
+  }
+  CK(cudaLaunchKernelEx(&lc, kernel, prm));
+}
+
 template <int kNT, int kKernel, bool kActRing = false>
 void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl, Plan* out) {
   constexpr int kKC = 256;
@@ -144,25 +177,10 @@ void LaunchT(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cuda
   Plan pl = MakePlan(m.N, m.K, kKC, c, ring_plan ? kRingBytes : StreamConfig<kBS, kKC, 1>::kWarpBytes,
                      ring_plan ? kernel1 : kernel8);
   if (out) *out = pl;
-  StreamParams prm{};
-  prm.a = a; prm.b = kRepacked ? m.bp : m.b; prm.scales = kRepacked ? m.sp : m.s;
-  prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
-  prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / kKC;
-  prm.kparts = pl.cut.kparts; prm.rows_per_block = 16 * pl.cut.tiles; prm.pdl = pdl;
-  prm.alt_blocks = (int)pl.cut.alt_blocks; prm.alt_kparts = pl.cut.alt_kparts; prm.alt_rows = 16 * pl.cut.alt_tiles;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t lc{};
   const int warps = pl.cut.tiles * pl.cut.kparts;
-  lc.gridDim = dim3((unsigned)pl.cut.blocks, (M + C::kTokens - 1) / C::kTokens, 1);
-  lc.blockDim = dim3(32 * warps, 1, 1);
-  lc.dynamicSmemBytes = warps * (kKernel == 0 ? StreamConfig<kBS, kKC, kNT, kActRing>::kWarpBytes
-                                               : TilesConfig<kBS, kActRing>::kWarpBytes);
-  lc.stream = st;
-  lc.attrs = attr;
-  lc.numAttrs = pdl ? 1 : 0;
-  CK(cudaLaunchKernelEx(&lc, kernel, prm));
+  LaunchOnCut(kernel, nullptr, m, a, y, M, pl.cut, warps,
+              warps * (kKernel == 0 ? StreamConfig<kBS, kKC, kNT, kActRing>::kWarpBytes : TilesConfig<kBS, kActRing>::kWarpBytes),
+              C::kTokens, kRepacked, st, pdl);
 }
 
 // Kernel 2 (lab run 40): lab::GemvBulkKernel (lab/gemv_bulk.cuh), one block per SM. Its stages: the largest
@@ -297,37 +315,6 @@ int RegroupedCut(const Mat& m, const Cfg& c, StreamCut& ga) {
   return R * w;
 }
 
-// One launch of `kernel` on a regrouped cut (one pass: M <= 8).
-template <typename Kernel>
-void LaunchOnCut(Kernel kernel, const char* name, const Mat& m, const __half* a, __half* y, int M, const StreamCut& ga,
-                 int warps, int smem, cudaStream_t st, bool pdl) {
-  if (smem > g_smem_block) {
-    std::fprintf(stderr, "%s: %d bytes of shared memory for M=%d on %dx%d\n", name, smem, M, m.N, m.K);
-    std::exit(1);
-  }
-  StreamParams prm{};
-  prm.a = a; prm.b = m.bp; prm.scales = m.sp; prm.zero_points = nullptr; prm.bias = nullptr; prm.y = y;
-  prm.M = M; prm.N = m.N; prm.K = m.K; prm.k_blocks = m.K / kBS; prm.zp_row_bytes = 0; prm.kchunks = m.K / 256;
-  prm.kparts = ga.kparts; prm.rows_per_block = 16 * ga.tiles; prm.pdl = pdl;
-  prm.alt_blocks = (int)ga.alt_blocks; prm.alt_kparts = ga.alt_kparts; prm.alt_rows = 16 * ga.alt_tiles;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t lc{};
-  lc.gridDim = dim3((unsigned)ga.blocks, 1, 1);
-  lc.blockDim = dim3(32 * warps, 1, 1);
-  lc.dynamicSmemBytes = smem;
-  lc.stream = st; lc.attrs = attr; lc.numAttrs = pdl ? 1 : 0;
-  static bool printed[3] = {false, false, false};
-  const int which = m.N == kI ? 0 : m.N == kH ? 1 : 2;
-  if (!printed[which]) {
-    printed[which] = true;
-    std::printf("  %s cut %dx%d: %d blocks of %d warps, %d alt of %d m-tiles x %d, %d x %d K-parts; smem %d at M=%d\n", name,
-                m.N, m.K, (int)ga.blocks, warps, (int)ga.alt_blocks, ga.alt_tiles, ga.alt_kparts, ga.tiles, ga.kparts, smem, M);
-  }
-  CK(cudaLaunchKernelEx(&lc, kernel, prm));
-}
-
 void LaunchGA(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cudaStream_t st, bool pdl) {
   // LAB_GA_CA=1 (lab run 47): the activations copied with cp.async.ca (through L1) instead of .cg.
   static const bool via_l1 = std::getenv("LAB_GA_CA") != nullptr;
@@ -340,7 +327,7 @@ void LaunchGA(const Mat& m, const __half* a, __half* y, int M, const Cfg& c, cud
   StreamCut ga;
   const int warps = RegroupedCut(m, c, ga);
   LaunchOnCut(kernel, "group-act", m, a, y, M, ga, warps, lab::GaSmemBytes<kBS>(warps, std::max(ga.kparts, ga.alt_kparts), M),
-              st, pdl);
+              8, true, st, pdl);
 }
 
 // Kernel 4 at M <= 8 (24-warp blocks need the lab built with -DORT_MTP_LAB_BOUND_WARPS=24: the op's kernels'
@@ -356,9 +343,9 @@ void LaunchRegrouped(const Mat& m, const __half* a, __half* y, int M, const Cfg&
   StreamCut ga;
   const int warps = RegroupedCut(m, c, ga);
   if (M == 1) {
-    LaunchOnCut(k1, "regrouped", m, a, y, M, ga, warps, warps * TilesConfig<kBS, true>::kWarpBytes, st, pdl);
+    LaunchOnCut(k1, "regrouped", m, a, y, M, ga, warps, warps * TilesConfig<kBS, true>::kWarpBytes, 8, true, st, pdl);
   } else {
-    LaunchOnCut(k8, "regrouped", m, a, y, M, ga, warps, warps * TilesConfig<kBS>::kWarpBytes, st, pdl);
+    LaunchOnCut(k8, "regrouped", m, a, y, M, ga, warps, warps * TilesConfig<kBS>::kWarpBytes, 8, true, st, pdl);
   }
 }
 
