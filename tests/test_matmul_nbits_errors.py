@@ -84,8 +84,12 @@ W = _weights()
         ("block_size", 48, "block_size must be a power of two in [16, 256], got 48"),
         ("block_size", 512, "block_size must be a power of two in [16, 256], got 512"),
         ("accuracy_level", 5, "accuracy_level must be in [0, 4], got 5"),
-        ("K", 0, "attribute K must be positive, got 0"),
-        ("N", -8, "attribute N must be positive, got -8"),
+        ("K", 0, "attribute K must be in [1, 2147483647], got 0"),
+        ("N", -8, "attribute N must be in [1, 2147483647], got -8"),
+        # Beyond int32 the sizes derived from K and N could wrap around and pass the shape checks.
+        ("N", 2**31, "attribute N must be in [1, 2147483647], got 2147483648"),
+        ("N", 8 + 2**60, "attribute N must be in [1, 2147483647], got 1152921504606846984"),
+        ("K", 2**40, "attribute K must be in [1, 2147483647], got 1099511627776"),
     ],
 )
 def test_bad_attributes(attr, value, expected, cpu_session):

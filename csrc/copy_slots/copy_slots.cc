@@ -46,6 +46,21 @@ struct CopySlotsKernel {
     return "pair " + std::to_string(i) + " ('" + input_names_[2 * i] + "' -> '" + input_names_[2 * i + 1] + "')";
   }
 
+  // ORT sizes an output from its declared element type (a variadic output has no type constraint), so
+  // a graph that declares out_i as uint8 beside a float32 pair gets a buffer a quarter of the bytes
+  // this op writes. Every size below is taken from dst_i, so out_i must match it in type and shape.
+  void CheckOutput(size_t i, const Ort::UnownedValue& out, ONNXTensorElementDataType type,
+                   const std::vector<int64_t>& shape) const {
+    auto info = out.GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != type)
+      Fail(where_, PairLabel(i) + ": output " + std::to_string(i) + " is declared " +
+                       TypeName(info.GetElementType()) + " but the pair is " + TypeName(type) +
+                       "; an output must have its dst's type");
+    if (info.GetShape() != shape)
+      Fail(where_, PairLabel(i) + ": output " + std::to_string(i) + " has shape " + ShapeToString(info.GetShape()) +
+                       " but dst has " + ShapeToString(shape));
+  }
+
   void Compute(OrtKernelContext* raw_ctx) {
     Ort::KernelContext ctx{raw_ctx};
     Ort::ConstValue slots = ctx.GetInput(0);
@@ -75,6 +90,7 @@ struct CopySlotsKernel {
       if (dst_info.GetElementType() != type)
         Fail(where_, PairLabel(i) + ": src is " + TypeName(type) + " but dst is " + TypeName(dst_info.GetElementType()));
       Ort::UnownedValue out = ctx.GetOutput(i, dst_shape);
+      CheckOutput(i, out, type, dst_shape);
       const auto* src_ptr = static_cast<const unsigned char*>(src.GetTensorRawData());
       const auto* dst_ptr = static_cast<const unsigned char*>(dst.GetTensorRawData());
       auto* out_ptr = static_cast<unsigned char*>(out.GetTensorMutableRawData());

@@ -68,8 +68,13 @@ Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
   a.bits = OptionalInt(info, where, "bits", 4);
   a.block_size = RequiredInt(info, where, "block_size");
   a.accuracy_level = OptionalInt(info, where, "accuracy_level", 0);
-  if (a.K <= 0) Fail(where, "attribute K must be positive, got " + std::to_string(a.K));
-  if (a.N <= 0) Fail(where, "attribute N must be positive, got " + std::to_string(a.N));
+  // The bound keeps every size derived from K and N (N * k_blocks * block_bytes, the kernels' int
+  // indices) free of overflow, so a shape check cannot pass by wrapping around.
+  constexpr int64_t kMaxDim = INT32_MAX;
+  if (a.K <= 0 || a.K > kMaxDim)
+    Fail(where, "attribute K must be in [1, " + std::to_string(kMaxDim) + "], got " + std::to_string(a.K));
+  if (a.N <= 0 || a.N > kMaxDim)
+    Fail(where, "attribute N must be in [1, " + std::to_string(kMaxDim) + "], got " + std::to_string(a.N));
   if (a.bits != 4 && a.bits != 8)
     Fail(where, "attribute bits=" + std::to_string(a.bits) + " is not supported (4 or 8)", ORT_NOT_IMPLEMENTED);
   const int64_t bs = a.block_size;
@@ -286,6 +291,8 @@ struct MatMulNBitsOp : Ort::CustomOpBase<MatMulNBitsOp<kType, kCuda>, MatMulNBit
     return index <= kScales ? INPUT_OUTPUT_REQUIRED : INPUT_OUTPUT_OPTIONAL;
   }
   size_t GetOutputTypeCount() const { return 1; }
+  // A typed output: ORT refuses a graph that declares Y with another type, and a bound Y of another
+  // type or shape, before Compute runs (tests/op_fuzz.py's Y_dtype cases), so Y is always M x N of A's type.
   ONNXTensorElementDataType GetOutputType(size_t) const { return OnnxType(kType); }
 };
 

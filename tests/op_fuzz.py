@@ -1,0 +1,460 @@
+"""Random cases for both ops of the library, as a hostile model file or a careless caller would build
+them: random shapes, element types, declared output types, attributes, bound buffers, and weights
+as initializers or as graph inputs.
+
+Each case is a valid base (random) with zero to two mutations, every mutation one that the op's
+contract forbids. The outcome must be exactly one of:
+  - no mutation: the run succeeds and equals the reference (CopySlots bitwise; MatMulNBits within the
+    float64 reference's rounding bound);
+  - a mutation: ONNX Runtime raises its own error (at session creation or at run time);
+and never a crash. Run as a script it runs the cases in this process and prints one JSON line per
+case before running it, so when the process dies the last line names the case:
+
+    python tests/op_fuzz.py --provider cpu --cases 300 --seed 0
+    compute-sanitizer --tool memcheck python tests/op_fuzz.py --provider cuda
+
+tests/test_ops_fuzz.py runs it in a subprocess (a crash fails that test instead of the suite).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, run as a script
+
+import ops  # noqa: E402
+from ops import nbits, packing  # noqa: E402
+from ops.copy_slots import Pair, copy_slots_model, elem_type, expected  # noqa: E402
+
+NODE = "fuzz"
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider"]}
+COPY_DTYPES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "int8", "uint8", "bool"]
+U32, UBF16 = 2.0**-24, 2.0**-8
+
+
+class CaseFailure(AssertionError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------------
+# Values: host arrays for every type (bfloat16 as its uint16 bit patterns), in and out of OrtValues
+
+def random_array(rng, dtype: str, shape) -> np.ndarray:
+    shape = tuple(int(d) for d in shape)
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(bool)
+    if dtype == "bfloat16":
+        return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if np.dtype(dtype).kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -100), min(info.max, 100), size=shape, dtype=dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def ort_value(array: np.ndarray, dtype: str) -> ort.OrtValue:
+    if dtype == "bfloat16":
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(np.asarray(array, order="C"), TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(np.asarray(array, order="C"))
+
+
+def host_array(value: ort.OrtValue) -> np.ndarray:
+    """A host OrtValue's contents (bfloat16 as uint16, which numpy lacks)."""
+    if value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    shape = value.shape()
+    count = int(np.prod(shape)) if shape else 1
+    raw = (ctypes.c_uint16 * count).from_address(value.data_ptr()) if count else []
+    return np.array(raw, dtype=np.uint16).reshape(shape)
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 values exactly representable in bfloat16 -> their bit patterns."""
+    return (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+# ---------------------------------------------------------------------------------------------------
+# CopySlots
+
+COPY_MUTATIONS = ["dst_dtype", "out_dtype", "trailing", "slot_range", "negative_slot", "slots_shape",
+                  "drop_output", "drop_input", "bound_wrong"]
+
+
+def copy_slots_case(rng) -> dict:
+    whole = bool(rng.random() < 0.3)
+    in_place = bool(rng.random() < 0.3)  # out_i bound to dst_i's own buffer, as the driver binds it
+    dtypes = COPY_DTYPES if not in_place else [d for d in COPY_DTYPES if d != "bfloat16"]
+    pairs = []
+    for _ in range(int(rng.integers(1, 5))):
+        rank = int(rng.integers(0 if whole else 1, 5))
+        trailing = [int(d) for d in rng.integers(0, 5, size=max(rank - 1, 0))]
+        src_lead, dst_lead = int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        if whole:
+            shape = ([src_lead] + trailing)[:rank]
+            pairs.append(Pair(str(rng.choice(dtypes)), shape, list(shape)))
+        else:
+            pairs.append(Pair(str(rng.choice(dtypes)), [src_lead] + trailing, [dst_lead] + trailing))
+    if whole:
+        slots = [-1, -1]
+    else:
+        slots = [int(rng.integers(0, min(p.src_shape[0] for p in pairs))),
+                 int(rng.integers(0, min(p.dst_shape[0] for p in pairs)))]
+    count = int(rng.choice([0, 0, 1, 1, 2]))
+    mutations = sorted({str(m) for m in rng.choice(COPY_MUTATIONS, size=count)})
+    return {"op": "CopySlots", "pairs": [dataclasses.asdict(p) for p in pairs], "slots": slots, "whole": whole,
+            "in_place": in_place, "mutations": mutations, "choice": int(rng.integers(0, 1 << 30))}
+
+
+def _other(rng, options, not_this):
+    return str(rng.choice([o for o in options if o != not_this]))
+
+
+def apply_copy_mutations(case: dict, rng) -> tuple[list[Pair], list[int], dict]:
+    pairs = [Pair(**p) for p in case["pairs"]]
+    slots = list(case["slots"])
+    build = {"n_inputs": None, "n_outputs": None, "slots_shape": (2,)}
+    victim = pairs[case["choice"] % len(pairs)]
+    for m in case["mutations"]:
+        if m == "dst_dtype":
+            victim.dst_dtype = _other(rng, COPY_DTYPES, victim.dtype)
+        elif m == "out_dtype":
+            victim.out_dtype = _other(rng, COPY_DTYPES, victim.dst_dtype or victim.dtype)
+        elif m == "trailing":
+            if len(victim.dst_shape) >= (1 if case["whole"] else 2):
+                victim.dst_shape = list(victim.dst_shape[:-1]) + [victim.dst_shape[-1] + 1]
+            else:  # rank too small to change a trailing dim: add one
+                victim.dst_shape = list(victim.dst_shape) + [2]
+            victim.out_shape = "dst"
+        elif m == "slot_range":
+            if case["whole"]:
+                slots = [int(rng.integers(0, 3)), -1]
+            else:
+                side = case["choice"] % 2
+                lead = (victim.src_shape if side == 0 else victim.dst_shape)[0]
+                slots[side] = int(rng.choice([lead, lead + 7, 1 << 40, (1 << 62) + 3]))
+        elif m == "negative_slot":
+            slots = [int(v) for v in rng.choice([[-1, 0], [0, -1], [-2, -2], [-1, -2], [-(1 << 62), 0]])]
+        elif m == "slots_shape":
+            build["slots_shape"] = (int(rng.choice([1, 3, 4])),)
+        elif m == "drop_output":
+            build["n_outputs"] = len(pairs) - 1
+        elif m == "drop_input":
+            build["n_inputs"] = 2 * len(pairs)  # slots + all tensor inputs but the last
+        elif m == "bound_wrong":
+            pass  # applied at binding time
+    return pairs, slots, build
+
+
+def run_copy_slots(case: dict, provider: str) -> str:
+    rng = np.random.default_rng(case["choice"])
+    pairs, slots, build = apply_copy_mutations(case, rng)
+    model = copy_slots_model(pairs, node_name=NODE, **build)
+    data = []
+    for p in pairs:
+        src = random_array(rng, p.dtype, p.src_shape)
+        dst = random_array(rng, p.dst_dtype or p.dtype, p.dst_shape)
+        data.append((src, dst))
+    slots_array = np.array(slots + [0] * (build["slots_shape"][0] - 2), np.int64)[: build["slots_shape"][0]]
+
+    def go():
+        session = make_session(model, provider)
+        binding = session.io_binding()
+        binding.bind_ortvalue_input("slots", ort.OrtValue.ortvalue_from_numpy(slots_array))
+        bound = []
+        n_in = build["n_inputs"] if build["n_inputs"] is not None else 2 * len(pairs) + 1
+        n_out = build["n_outputs"] if build["n_outputs"] is not None else len(pairs)
+        device = "cuda" if provider == "cuda" else "cpu"
+        for i, (p, (src, dst)) in enumerate(zip(pairs, data)):
+            if 1 + 2 * i < n_in:
+                binding.bind_ortvalue_input(f"src_{i}", ort_value(src, p.dtype))
+            if 2 + 2 * i >= n_in:
+                continue
+            if i >= n_out:
+                binding.bind_ortvalue_input(f"dst_{i}", ort_value(dst, p.dst_dtype or p.dtype))
+                continue
+            if "bound_wrong" in case["mutations"] and p is pairs[case["choice"] % len(pairs)]:
+                wrong = list(p.dst_shape) + [2] if case["choice"] % 2 else [max(int(np.prod(p.dst_shape)) - 1, 0) + 3]
+                out = ort.OrtValue.ortvalue_from_shape_and_type(wrong, np.float64, device, 0)
+                binding.bind_ortvalue_input(f"dst_{i}", ort_value(dst, p.dst_dtype or p.dtype))
+                binding.bind_ortvalue_output(f"out_{i}", out)
+                bound.append(None)
+            elif case["in_place"]:
+                value = ort.OrtValue.ortvalue_from_numpy(dst.copy(), device, 0)  # a copy: on the CPU it shares memory
+                binding.bind_ortvalue_input(f"dst_{i}", value)
+                binding.bind_ortvalue_output(f"out_{i}", value)
+                bound.append(value)
+            else:
+                binding.bind_ortvalue_input(f"dst_{i}", ort_value(dst, p.dst_dtype or p.dtype))
+                binding.bind_output(f"out_{i}", "cpu")
+                bound.append(None)
+        session.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        return [v if v is not None else outputs[i] for i, v in enumerate(bound)]
+
+    outcome, result = attempt(go)
+    if case["mutations"]:
+        return expect_error(outcome, result)
+    if outcome != "ok":
+        raise CaseFailure(f"a valid case failed: {result}")
+    for i, (value, (src, dst)) in enumerate(zip(result, data)):
+        got = value.numpy() if case["in_place"] else host_array(value)
+        want = expected(src, dst, slots)
+        if got.shape != want.shape or got.tobytes() != want.tobytes():
+            raise CaseFailure(f"out_{i} differs from the reference (shape {got.shape} vs {want.shape})")
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------------------
+# MatMulNBits
+
+MATMUL_MUTATIONS = ["K_attr", "N_attr", "N_wrap", "bits_attr", "block_attr", "packing_attr", "accuracy_attr",
+                    "float_attr", "B_shape", "B_dtype", "scales_shape", "scales_dtype", "zp_shape", "zp_dtype",
+                    "bias_len", "A_last", "A_dtype", "Y_dtype", "g_idx"]
+
+
+def matmul_case(rng) -> dict:
+    tiles = bool(rng.random() < 0.2)
+    if tiles:
+        bits, block_size = 4, int(rng.choice([32, 64, 128]))
+        K, N = 256 * int(rng.integers(1, 3)), 16 * int(rng.integers(1, 3))
+        dtype, zero_points, bias = str(rng.choice(["float16", "bfloat16"])), None, bool(rng.random() < 0.5)
+    else:
+        bits, block_size = int(rng.choice([4, 8])), int(rng.choice([16, 32, 64, 128, 256]))
+        K, N = int(rng.integers(1, 300)), int(rng.integers(1, 40))
+        dtype = str(rng.choice(["float32", "float16", "bfloat16"]))
+        zero_points = rng.choice([None, "packed", "typed"])
+        bias = bool(rng.random() < 0.5)
+    lead = [int(d) for d in rng.integers(0, 4, size=int(rng.integers(0, 3)))]  # A = [*lead, K]
+    count = int(rng.choice([0, 0, 1, 1, 2]))
+    mutations = sorted({str(m) for m in rng.choice(MATMUL_MUTATIONS, size=count)})
+    return {"op": "MatMulNBits", "K": K, "N": N, "bits": bits, "block_size": block_size, "dtype": dtype,
+            "zero_points": None if zero_points is None else str(zero_points), "bias": bias, "tiles": tiles,
+            "lead": lead, "weights_as_inputs": bool(rng.random() < 0.3), "mutations": mutations,
+            "choice": int(rng.integers(0, 1 << 30))}
+
+
+def _set_attr(node, name, value):
+    for attr in [a for a in node.attribute if a.name == name]:
+        node.attribute.remove(attr)
+    node.attribute.append(helper.make_attribute(name, value))
+
+
+def _weight_arrays(w: nbits.NBitsWeights) -> dict:
+    """The node's weight inputs as host arrays in their ONNX types (bfloat16 as bit patterns)."""
+    def typed(values):
+        if w.dtype == "bfloat16":
+            return bf16_bits(values), "bfloat16"
+        return np.asarray(values, dtype=w.dtype), w.dtype
+
+    arrays = {"B": (w.b, "uint8"), "scales": typed(w.scales)}
+    if w.zero_points is not None:
+        arrays["zero_points"] = typed(w.zero_points) if w.typed_zero_points else (w.zero_points, "uint8")
+    if w.bias is not None:
+        arrays["bias"] = typed(w.bias)
+    return arrays
+
+
+def build_matmul(case: dict, rng):
+    """(model, weights for the reference, activations A as float32 values of A's type, graph inputs)."""
+    w = nbits.random_weights(rng, case["K"], case["N"], bits=case["bits"], block_size=case["block_size"],
+                             dtype=case["dtype"], zero_points=case["zero_points"], bias=case["bias"])
+    stored = w
+    if case["tiles"]:
+        stored = dataclasses.replace(w, b=packing.pack_b(w.b, w.N, w.K),
+                                     scales=packing.pack_scales(w.scales, w.N, w.K, w.block_size))
+    mutations = set(case["mutations"])
+    if "N_wrap" in mutations:  # 1-D B and scales, whose size N' * row bytes wraps to the real one mod 2^64
+        stored = dataclasses.replace(stored, b=stored.b.reshape(-1), scales=stored.scales.reshape(-1))
+    model = nbits.single_node_model(stored, domain="ort_mtp", node_name=NODE, a_shape=(*case["lead"], None),
+                                    float32_io=case["dtype"] == "bfloat16",
+                                    packing=1 if case["tiles"] else None)
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    graph_inputs = {}
+    arrays = _weight_arrays(stored)
+    for m in sorted(mutations):
+        if m == "K_attr":
+            _set_attr(node, "K", int(rng.choice([case["K"] + 1, case["K"] - 1, 0, -5, 1 << 31, 1 << 40])))
+        elif m == "N_attr":
+            _set_attr(node, "N", int(rng.choice([case["N"] + 1, 0, -1, 1 << 31, 1 << 40])))
+        elif m == "N_wrap":  # N' * row_bytes == N * row_bytes (mod 2^64): only a bound on N stops it
+            row_bytes = w.k_blocks * w.block_size * w.bits // 8
+            delta = (1 << 64) // (row_bytes & -row_bytes)
+            _set_attr(node, "N", case["N"] + (delta if case["N"] + delta < (1 << 63) else 1 << 62))
+        elif m == "bits_attr":
+            _set_attr(node, "bits", int(rng.choice([0, 1, 2, 3, 5, 16, -4])))
+        elif m == "block_attr":
+            _set_attr(node, "block_size", int(rng.choice([0, 8, 48, 512, -32])))
+        elif m == "packing_attr":
+            _set_attr(node, "packing", int(rng.choice([2, -1, 7])))
+        elif m == "accuracy_attr":
+            _set_attr(node, "accuracy_level", int(rng.choice([-1, 5, 99])))
+        elif m == "float_attr":
+            _set_attr(node, str(rng.choice(["bits", "K", "N", "block_size"])), 4.0)
+        elif m == "B_shape":
+            b = arrays["B"][0]
+            arrays["B"] = (b.reshape(-1)[:-1] if case["choice"] % 2 else np.concatenate([b, b[:1]]), "uint8")
+        elif m == "B_dtype":
+            arrays["B"] = (arrays["B"][0].astype(np.int8), "int8")
+        elif m == "scales_shape":
+            s, t = arrays["scales"]
+            arrays["scales"] = (s.reshape(-1)[1:], t)
+        elif m == "scales_dtype":
+            s, t = arrays["scales"]
+            other = "float16" if t == "float32" else "float32"
+            arrays["scales"] = (s.astype(other), other)
+        elif m == "zp_shape":
+            z = arrays.get("zero_points", (np.zeros((w.N, 1), np.uint8), "uint8"))
+            arrays["zero_points"] = (np.concatenate([z[0].reshape(-1), z[0].reshape(-1)[:1]]), z[1])
+        elif m == "zp_dtype":
+            arrays["zero_points"] = (rng.integers(0, 8, size=(w.N, w.k_blocks)).astype(np.int32), "int32")
+        elif m == "bias_len":
+            arrays["bias"] = (random_array(rng, w.dtype, [w.N + 1]), w.dtype)
+        elif m == "A_dtype":  # the node's A becomes float64 (through the Cast where A is bfloat16)
+            cast = next((n for n in model.graph.node if n.op_type == "Cast"), None)
+            if cast is not None:
+                _set_attr(cast, "to", TensorProto.DOUBLE)
+            else:
+                model.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+        elif m == "Y_dtype":
+            model.graph.output[0].type.tensor_type.elem_type = TensorProto.UINT8
+        elif m == "g_idx":
+            arrays["g_idx"] = (np.zeros(case["K"], np.int32), "int32")
+    k_a = case["K"] + 1 if "A_last" in mutations else case["K"]
+    if "A_last" in mutations:
+        dims = model.graph.input[0].type.tensor_type.shape.dim
+        dims[len(dims) - 1].dim_value = k_a
+    _place_weights(model, node, arrays, graph_inputs, as_inputs=case["weights_as_inputs"])
+    a = nbits.round_to(rng.standard_normal((*case["lead"], k_a)), case["dtype"]).astype(np.float32)
+    a_dtype = "float32" if case["dtype"] == "bfloat16" else case["dtype"]
+    if "A_dtype" in mutations and case["dtype"] != "bfloat16":
+        a_dtype = "float64"
+    graph_inputs["A"] = (a.astype(a_dtype), a_dtype)
+    return model, w, a, graph_inputs
+
+
+def _place_weights(model, node, arrays, graph_inputs, as_inputs: bool):
+    """Puts the weight arrays into the node as initializers, or as graph inputs of unknown shape (so
+    only the op's run-time checks see them)."""
+    order = ["A", "B", "scales", "zero_points", "g_idx", "bias"]
+    del model.graph.initializer[:]
+    inputs = [node.input[0]]
+    for name in order[1:]:
+        if name not in arrays:
+            inputs.append("")
+            continue
+        values, dtype = arrays[name]
+        inputs.append(name)
+        if as_inputs:
+            model.graph.input.append(helper.make_tensor_value_info(name, elem_type(dtype), None))
+            graph_inputs[name] = (values, dtype)
+        else:
+            model.graph.initializer.append(
+                helper.make_tensor(name, elem_type(dtype), values.shape, np.ascontiguousarray(values).tobytes(),
+                                   raw=True))
+    while inputs[-1] == "":
+        inputs.pop()
+    del node.input[:]
+    node.input.extend(inputs)
+
+
+def run_matmul(case: dict, provider: str) -> str:
+    rng = np.random.default_rng(case["choice"])
+    model, w, a, graph_inputs = build_matmul(case, rng)
+
+    def go():
+        session = make_session(model, provider)
+        feeds = {name: ort_value(values, dtype) for name, (values, dtype) in graph_inputs.items()}
+        return session.run_with_ort_values(None, feeds)[0]
+
+    outcome, result = attempt(go)
+    if case["mutations"]:
+        return expect_error(outcome, result)
+    if outcome != "ok":
+        raise CaseFailure(f"a valid case failed: {result}")
+    y = host_array(result).astype(np.float64)
+    ref, mag = nbits.reference(a, w), nbits.magnitude(a, w)
+    if y.shape != ref.shape:
+        raise CaseFailure(f"Y has shape {y.shape}, expected {ref.shape}")
+    final = {"float32": 0.0, "float16": 2.0**-11, "bfloat16": UBF16}[w.dtype]
+    # The device check's bound (fp32 partial sums in any order on the GPU): K/16 + 64 float32 roundings
+    # of the magnitude, plus the final rounding to A's type; a wrong weight is off by ~|scale| |a|.
+    tol = final * np.abs(ref) + U32 * (w.K / 16 + 64) * mag + U32
+    if not np.all(np.abs(y - ref) <= tol):
+        raise CaseFailure(f"Y differs from the reference: max error / bound {np.max(np.abs(y - ref) / tol):.3g}")
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running cases
+
+def make_session(model, provider: str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the errors are read from the exceptions
+    ops.register(options)
+    return ort.InferenceSession(model.SerializeToString(), options, providers=PROVIDERS[provider])
+
+
+def attempt(fn):
+    """('ok', result) or ('error', message) for an ONNX Runtime error; any other exception is a bug of
+    this script and propagates."""
+    try:
+        return "ok", fn()
+    except Exception as e:  # noqa: BLE001 - sorted below
+        # run_with_iobinding reports a failed run as a RuntimeError("Error in execution: ...").
+        if type(e).__module__.startswith("onnxruntime") or str(e).startswith("Error in execution"):
+            return "error", f"{type(e).__name__}: {e}"
+        raise
+
+
+def expect_error(outcome: str, result) -> str:
+    if outcome != "error":
+        raise CaseFailure("a case the contract forbids ran without an error")
+    if not str(result).strip():
+        raise CaseFailure("the error has no message")
+    return "error"
+
+
+def make_case(seed: int, index: int) -> dict:
+    rng = np.random.default_rng([seed, index])
+    return copy_slots_case(rng) if index % 2 == 0 else matmul_case(rng)
+
+
+def run_case(case: dict, provider: str) -> str:
+    return (run_copy_slots if case["op"] == "CopySlots" else run_matmul)(case, provider)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="cpu")
+    parser.add_argument("--cases", type=int, default=300, help="cases to run (default 300)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--case", type=int, help="run only this case index (to reproduce one)")
+    args = parser.parse_args(argv)
+    indices = [args.case] if args.case is not None else range(args.cases)
+    failures = 0
+    counts: dict[str, int] = {}
+    for index in indices:
+        case = make_case(args.seed, index)
+        print(json.dumps({"case": index, **case}), flush=True)
+        try:
+            outcome = run_case(case, args.provider)
+        except CaseFailure as e:
+            failures += 1
+            outcome = "FAILED"
+            print(json.dumps({"case": index, "failure": str(e)}), flush=True)
+        key = f"{case['op']} {outcome}"
+        counts[key] = counts.get(key, 0) + 1
+    print(json.dumps({"summary": counts, "failures": failures}), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
