@@ -7,8 +7,17 @@
 `python -m driver generate --help` is the command-line front end.
 """
 
-from .errors import DriverError
-from .folder import ModelFolder, read_folder
-from .generator import MAX_DRAFT_TOKENS, GenerationResult, Generator
 
-__all__ = ["DriverError", "GenerationResult", "Generator", "MAX_DRAFT_TOKENS", "ModelFolder", "read_folder"]
+import importlib
+
+# The names load on first use (PEP 562), so that `python -m driver` imports nothing heavy (numpy,
+# onnx, onnxruntime) before driver/__main__.py has installed its Ctrl-C handler.
+_EXPORTS = {"DriverError": ".errors", "ModelFolder": ".folder", "read_folder": ".folder",
+            "GenerationResult": ".generator", "Generator": ".generator", "MAX_DRAFT_TOKENS": ".generator"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -39,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "replay (always restore and re-advance)")
     gen.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run every forward eagerly")
     gen.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
-                     help=f"prompt tokens per prefill forward (default {DEFAULT_PREFILL_CHUNK})")
-    gen.add_argument("--threads", type=int, help="CPU: intra-op threads (default: ONNX Runtime's choice)")
+                     help=f"prompt tokens per prefill forward, at most the context length "
+                          f"(default {DEFAULT_PREFILL_CHUNK})")
+    gen.add_argument("--threads", type=int,
+                     help="CPU: intra-op threads, 1 to the cores available (default: ONNX Runtime's choice)")
 
     ident = sub.add_parser("identity", help="measure verify rows against width-1 decode rows, per op")
     ident.add_argument("--model", help="model folder (default: the tiny preset)")

@@ -12,6 +12,7 @@ project's `python -m models build`.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,111 +91,216 @@ class ModelFolder:
     eos_token_ids: tuple[int, ...]
     tokenizer: Path
     main: GraphSpec
-    mtp: GraphSpec | None  # None when the folder has no MTP head
+    mtp: GraphSpec | None  # None when the folder has no usable MTP head
+    mtp_unavailable: str | None = None  # why an enabled head is unusable (its files missing or unreadable)
 
     def require_mtp(self) -> GraphSpec:
         if self.mtp is None:
-            raise DriverError(f"{self.path} has no MTP head (no enabled 'mtp' section with its mtp.onnx in "
-                              f"{GENAI_CONFIG}); use --mode greedy")
+            why = (f"the MTP head is unavailable: {self.mtp_unavailable}" if self.mtp_unavailable else
+                   f"{self.path} has no MTP head (no enabled 'mtp' section with its mtp.onnx in {GENAI_CONFIG})")
+            raise DriverError(f"{why}; use --mode greedy")
         return self.mtp
+
+
+class UnreadableFile(DriverError):
+    """A file of the folder is missing or this process may not read it."""
 
 
 def read_folder(path) -> ModelFolder:
     """Reads and checks a model folder; raises DriverError naming what is missing or malformed."""
     folder = Path(path)
-    if not folder.exists():
-        raise DriverError(f"model folder {folder} does not exist")
-    if not folder.is_dir():
-        raise DriverError(f"model folder {folder} is not a folder")
-    config_path = folder / GENAI_CONFIG
-    if not config_path.is_file():
-        raise DriverError(f"{folder} is not an onnxruntime-genai model folder: {GENAI_CONFIG} is missing")
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DriverError(f"{config_path} is not valid JSON ({e})") from None
-    model = _section(config, "model", config_path)
-    model_type = model.get("type")
+    _check_folder(folder)
+    config_path = _require_file(folder / GENAI_CONFIG, missing=f"{folder} is not an onnxruntime-genai model folder: "
+                                                               f"{GENAI_CONFIG} is missing")
+    model = _read_config(config_path).section("model")
+    model_type = model.string("type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise DriverError(f"{config_path}: model type {model_type!r} is not supported "
                           f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    decoder = _section(model, "decoder", config_path, "model.")
-    context_length = _positive_int(model, "context_length", config_path)
-    vocab_size = _positive_int(model, "vocab_size", config_path)
-    hidden_size = _positive_int(decoder, "hidden_size", config_path)
-    eos = model.get("eos_token_id", [])
-    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]))
+    decoder = model.section("decoder")
+    context_length = model.positive_int("context_length")
+    vocab_size = model.positive_int("vocab_size")
+    hidden_size = decoder.positive_int("hidden_size")
+    eos_ids = model.token_ids("eos_token_id")
+    tokenizer = _require_file(folder / TOKENIZER, missing=f"{folder}: {TOKENIZER} is missing (the driver reads text "
+                                                          "with the `tokenizers` library)")
 
-    tokenizer = folder / TOKENIZER
-    if not tokenizer.is_file():
-        raise DriverError(f"{folder}: {TOKENIZER} is missing (the driver reads text with the `tokenizers` library)")
+    outputs = decoder.section("outputs")
+    mtp_config = model.optional_section("mtp")
+    head_says = mtp_config.string("main_hidden_states", None) if mtp_config is not None else None
+    main_hidden = outputs.string("hidden_states", None) or head_says or "hidden_states"
+    head_size = decoder.positive_int("head_size", None)
+    main = _graph_spec(folder, decoder.onnx_filename(), decoder.section("inputs"), outputs,
+                       hidden_out=main_hidden, hidden_in=None, head_size=head_size)
+    _check_sizes(main, vocab_size, hidden_size, config_path)
 
-    inputs = _section(decoder, "inputs", config_path, "model.decoder.")
-    outputs = _section(decoder, "outputs", config_path, "model.decoder.")
-    mtp_section = model.get("mtp")
-    main_hidden = outputs.get("hidden_states") or (mtp_section or {}).get("main_hidden_states") or "hidden_states"
-    main = _graph_spec(
-        folder, _filename(decoder, config_path, "model.decoder"), inputs, outputs,
-        hidden_out=main_hidden, hidden_in=None, head_size=decoder.get("head_size"))
-    _check_vocab(main, vocab_size)
-
-    mtp = None
-    if isinstance(mtp_section, dict) and mtp_section.get("enabled", True):
-        m_inputs = _section(mtp_section, "inputs", config_path, "model.mtp.")
-        m_outputs = _section(mtp_section, "outputs", config_path, "model.mtp.")
-        mtp = _graph_spec(
-            folder, _filename(mtp_section, config_path, "model.mtp"), m_inputs, m_outputs,
-            hidden_out=m_outputs.get("hidden_states", "hidden_states_out"),
-            hidden_in=m_inputs.get("hidden_states", "hidden_states"),
-            head_size=mtp_section.get("head_size", decoder.get("head_size")))
-        _check_vocab(mtp, vocab_size)
+    mtp, mtp_unavailable = None, None
+    if mtp_config is not None and mtp_config.boolean("enabled", True):
+        m_inputs, m_outputs = mtp_config.section("inputs"), mtp_config.section("outputs")
+        try:
+            mtp = _graph_spec(folder, mtp_config.onnx_filename(), m_inputs, m_outputs,
+                              hidden_out=m_outputs.string("hidden_states", "hidden_states_out"),
+                              hidden_in=m_inputs.string("hidden_states", "hidden_states"),
+                              head_size=mtp_config.positive_int("head_size", head_size))
+        except UnreadableFile as e:  # only MTP needs the head: greedy runs without its files
+            mtp_unavailable = str(e)
+    if mtp is not None:
+        _check_sizes(mtp, vocab_size, hidden_size, config_path)
         if mtp.recurrent:
             raise DriverError(f"{mtp.path}: an MTP head with linear-attention state is not supported")
         if mtp.io_dtype != main.io_dtype:
             raise DriverError(f"{mtp.path}: hidden/logits type {mtp.io_dtype} differs from the main model's "
                               f"{main.io_dtype}")
-    return ModelFolder(folder, model_type, context_length, vocab_size, hidden_size, eos_ids, tokenizer, main, mtp)
+    return ModelFolder(folder, model_type, context_length, vocab_size, hidden_size, eos_ids, tokenizer, main, mtp,
+                       mtp_unavailable)
 
 
-# --------------------------------------------------------------------------------------------------
+# -- genai_config.json ------------------------------------------------------------------------------
+
+_REQUIRED = object()  # default of a key that must be present
 
 
-def _section(parent: dict, key: str, config_path: Path, prefix: str = "") -> dict:
-    value = parent.get(key) if isinstance(parent, dict) else None
-    if not isinstance(value, dict):
-        raise DriverError(f"{config_path}: section '{prefix}{key}' is missing or not an object")
-    return value
+class _Section:
+    """One JSON object of genai_config.json. Every value the driver uses is read through these typed
+    accessors, so a value of the wrong type is an error naming the key, the file and what was
+    expected, before it can reach code that would fail on it with a traceback."""
+
+    def __init__(self, values: dict, path: Path, where: str = ""):
+        self.values = values
+        self.path = path  # the config file
+        self.where = where  # dotted prefix of this section's keys, e.g. "model.decoder."
+
+    def section(self, key: str) -> "_Section":
+        value = self.values.get(key)
+        if not isinstance(value, dict):
+            raise DriverError(f"{self.path}: section '{self.where}{key}' is missing or not an object")
+        return _Section(value, self.path, f"{self.where}{key}.")
+
+    def optional_section(self, key: str) -> "_Section | None":
+        return self.section(key) if key in self.values else None
+
+    def positive_int(self, key: str, default=_REQUIRED) -> int:
+        return self._get(key, _is_positive_int, "a positive integer", default)
+
+    def string(self, key: str, default=_REQUIRED) -> str:
+        return self._get(key, lambda v: isinstance(v, str) and v != "", "a non-empty string", default)
+
+    def boolean(self, key: str, default=_REQUIRED) -> bool:
+        return self._get(key, lambda v: isinstance(v, bool), "true or false (a JSON boolean)", default)
+
+    def name_template(self, key: str) -> str | None:
+        """A genai per-layer name such as 'past.%d.conv' (None when absent)."""
+        return self._get(key, lambda v: isinstance(v, str) and "%d" in v, "a name template with %d", None)
+
+    def token_ids(self, key: str) -> tuple[int, ...]:
+        """One token id or a list of them (an absent key: none)."""
+        value = self._get(key, lambda v: _is_token_id(v) or (isinstance(v, list) and all(map(_is_token_id, v))),
+                          "a token id or a list of token ids (non-negative integers)", [])
+        return tuple(value if isinstance(value, list) else [value])
+
+    def onnx_filename(self) -> str:
+        name = self.string("filename")
+        if not name.endswith(".onnx") or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise DriverError(f"{self.path}: '{self.where}filename' must name an .onnx file inside the folder, "
+                              f"got {name!r}")
+        return name
+
+    def _get(self, key: str, valid, expected: str, default):
+        if key not in self.values:
+            if default is _REQUIRED:
+                raise DriverError(f"{self.path}: '{self.where}{key}' is missing (expected {expected})")
+            return default
+        value = self.values[key]
+        if not valid(value):
+            raise DriverError(f"{self.path}: '{self.where}{key}' must be {expected}, got {_shown(value)}")
+        return value
 
 
-def _positive_int(section: dict, key: str, config_path: Path) -> int:
-    value = section.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise DriverError(f"{config_path}: '{key}' must be a positive integer, got {value!r}")
-    return value
+def _is_positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def _filename(section: dict, config_path: Path, where: str) -> str:
-    name = section.get("filename")
-    if not isinstance(name, str) or not name.endswith(".onnx") or Path(name).is_absolute() or ".." in Path(name).parts:
-        raise DriverError(f"{config_path}: '{where}.filename' must name an .onnx file inside the folder, got {name!r}")
-    return name
+def _is_token_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _shown(value) -> str:
+    """A config value as JSON, cut short: the error stays one readable line."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _reason(error: OSError) -> str:
+    return (error.strerror or str(error)).lower()
+
+
+def _read_config(path: Path) -> _Section:
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DriverError(f"{path} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise DriverError(f"{path} cannot be read ({_reason(e)})") from None
+    if not isinstance(config, dict):
+        raise DriverError(f"{path} must hold a JSON object, got {_shown(config)}")
+    return _Section(config, path)
+
+
+# -- files ------------------------------------------------------------------------------------------
+
+
+def _check_folder(folder: Path) -> None:
+    try:
+        exists, is_dir = folder.exists(), folder.is_dir()
+    except OSError as e:  # a folder on the way that this user may not enter
+        raise DriverError(f"model folder {folder} cannot be opened ({_reason(e)})") from None
+    if not exists:
+        raise DriverError(f"model folder {folder} does not exist")
+    if not is_dir:
+        raise DriverError(f"model folder {folder} is not a folder")
+    if not os.access(folder, os.X_OK):  # the files are opened by name: entering the folder is what it takes
+        raise DriverError(f"model folder {folder} cannot be opened (permission denied)")
+
+
+def _require_file(path: Path, missing: str | None = None) -> Path:
+    """`path` if it is a file this process may read, else an UnreadableFile naming it. Checked up
+    front because ORT reports an unreadable external data file as "SystemError : 13", nameless."""
+    try:
+        found = path.is_file()
+    except OSError as e:  # a folder on the way that this user may not enter
+        raise UnreadableFile(f"{path} cannot be read ({_reason(e)})") from None
+    if not found:
+        raise UnreadableFile(missing or f"{path} is missing")
+    if not os.access(path, os.R_OK):
+        raise UnreadableFile(f"{path} cannot be read (permission denied)")
+    return path
 
 
 def _load_graph(path: Path) -> onnx.ModelProto:
-    if not path.is_file():
-        raise DriverError(f"{path} is missing")
+    _require_file(path)
     try:
         proto = onnx.load(str(path), load_external_data=False)
     except (DecodeError, ValueError, RuntimeError, OSError) as e:
         raise DriverError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not proto.ir_version or not proto.HasField("graph"):
         raise DriverError(f"{path} is not an ONNX model (no IR version or graph)")
-    for init in proto.graph.initializer:  # ORT would fail later with a less direct message
+    for data in _external_data_files(proto, path.parent):  # ORT would fail later with a less direct message
+        try:
+            _require_file(data)
+        except UnreadableFile as e:  # say whose data it is
+            raise UnreadableFile(f"{path}: external data file {e}") from None
+    return proto
+
+
+def _external_data_files(proto: onnx.ModelProto, folder: Path) -> list[Path]:
+    """The files the graph's initializers keep their bytes in (their external_data locations)."""
+    locations = []
+    for init in proto.graph.initializer:
         if init.data_location == onnx.TensorProto.EXTERNAL:
             location = next((e.value for e in init.external_data if e.key == "location"), "")
-            if not (path.parent / location).is_file():
-                raise DriverError(f"{path}: external data file {path.parent / location} is missing")
-    return proto
+            if location not in locations:
+                locations.append(location)
+    return [folder / location for location in locations]
 
 
 def _dims(value: onnx.ValueInfoProto) -> list:
@@ -211,7 +317,7 @@ def _dtype(value: onnx.ValueInfoProto, path: Path) -> np.dtype:
 
 def _layers(template: str | None, names) -> list[int]:
     """Layer indices whose name matches a genai name template such as 'past_key_values.%d.key'."""
-    if not template or "%d" not in template:
+    if template is None:
         return []
     prefix, suffix = template.split("%d", 1)
     found = []
@@ -223,23 +329,23 @@ def _layers(template: str | None, names) -> list[int]:
     return sorted(found)
 
 
-def _graph_spec(folder: Path, filename: str, inputs: dict, outputs: dict, hidden_out: str,
-                hidden_in: str | None, head_size) -> GraphSpec:
+def _graph_spec(folder: Path, filename: str, inputs: _Section, outputs: _Section, hidden_out: str,
+                hidden_in: str | None, head_size: int | None) -> GraphSpec:
     path = folder / filename
     proto = _load_graph(path)
     graph_inputs = {v.name: v for v in proto.graph.input}
     graph_outputs = {v.name: v for v in proto.graph.output}
 
-    def need(names: dict, key: str, default: str, pool: dict, what: str) -> str:
-        name = names.get(key, default)
+    def need(names: _Section, key: str, pool: dict, what: str) -> str:
+        name = names.string(key, key)  # genai's default name is the key itself
         if name not in pool:
             raise DriverError(f"{path}: {what} '{name}' is missing from the graph")
         return name
 
-    input_ids = need(inputs, "input_ids", "input_ids", graph_inputs, "input")
-    attention_mask = need(inputs, "attention_mask", "attention_mask", graph_inputs, "input")
-    position_ids = need(inputs, "position_ids", "position_ids", graph_inputs, "input")
-    logits = need(outputs, "logits", "logits", graph_outputs, "output")
+    input_ids = need(inputs, "input_ids", graph_inputs, "input")
+    attention_mask = need(inputs, "attention_mask", graph_inputs, "input")
+    position_ids = need(inputs, "position_ids", graph_inputs, "input")
+    logits = need(outputs, "logits", graph_outputs, "output")
     if hidden_out not in graph_outputs:
         raise DriverError(f"{path}: output '{hidden_out}' (the hidden state the MTP head reads) is missing; "
                           "rebuild the folder with its MTP head")
@@ -259,35 +365,55 @@ def _graph_spec(folder: Path, filename: str, inputs: dict, outputs: dict, hidden
             symbols.setdefault(symbol, role)
 
     mask_dims = _dims(graph_inputs[attention_mask])
+    if len(mask_dims) != 2:
+        raise DriverError(f"{path}: {attention_mask} must be [batch, total sequence], got {mask_dims}")
     note(mask_dims[0], "batch")
     note(mask_dims[1], "total")
 
     kv: list[StateTensor] = []
-    key_layers = _layers(inputs.get("past_key_names"), graph_inputs)
-    value_layers = _layers(inputs.get("past_value_names"), graph_inputs)
+    key_template, value_template = inputs.name_template("past_key_names"), inputs.name_template("past_value_names")
+    key_layers, value_layers = _layers(key_template, graph_inputs), _layers(value_template, graph_inputs)
     if key_layers != value_layers:
         raise DriverError(f"{path}: attention layers with keys {key_layers} and values {value_layers} differ")
     if not key_layers:
-        raise DriverError(f"{path}: no attention KV inputs match '{inputs.get('past_key_names')}'")
-    for kind, past_t, present_t in (("key", "past_key_names", "present_key_names"),
-                                    ("value", "past_value_names", "present_value_names")):
+        raise DriverError(f"{path}: no attention KV inputs match '{inputs.where}past_key_names' ({key_template!r})")
+    for kind, past_t, present_key in (("key", key_template, "present_key_names"),
+                                      ("value", value_template, "present_value_names")):
+        present_t = outputs.name_template(present_key)
         for layer in key_layers:
-            kv.append(_state(path, kind, layer, inputs[past_t], outputs.get(present_t), graph_inputs, graph_outputs,
-                             symbols, head_size))
+            kv.append(_state(path, kind, layer, past_t, present_t, graph_inputs, graph_outputs, symbols, head_size))
 
     recurrent: list[StateTensor] = []
-    for kind, past_t, present_t in (("conv", "past_conv_names", "present_conv_names"),
-                                    ("recurrent", "past_recurrent_names", "present_recurrent_names")):
-        for layer in _layers(inputs.get(past_t), graph_inputs):
-            recurrent.append(_state(path, kind, layer, inputs[past_t], outputs.get(present_t), graph_inputs,
-                                    graph_outputs, symbols, head_size))
+    for kind, past_key, present_key in (("conv", "past_conv_names", "present_conv_names"),
+                                        ("recurrent", "past_recurrent_names", "present_recurrent_names")):
+        past_t, present_t = inputs.name_template(past_key), outputs.name_template(present_key)
+        for layer in _layers(past_t, graph_inputs):
+            recurrent.append(_state(path, kind, layer, past_t, present_t, graph_inputs, graph_outputs, symbols,
+                                    head_size))
+    named = {input_ids, attention_mask, position_ids, hidden_in, *(s.past for s in kv + recurrent)}
+    _check_inputs_named(path, proto, named, inputs)
     window = _state_window(path, recurrent)
     return GraphSpec(path, proto, input_ids, attention_mask, position_ids, logits, hidden_out, hidden_in, io_dtype,
                      tuple(kv), tuple(recurrent), window, symbols)
 
 
+def _check_inputs_named(path: Path, proto: onnx.ModelProto, named: set, inputs: _Section) -> None:
+    """Every input the graph needs must be one the config names: ORT would otherwise fail at the
+    first forward ("Missing Input"). Inputs with an initializer have a default and may stay unbound."""
+    defaults = {init.name for init in proto.graph.initializer}
+    unnamed = [v.name for v in proto.graph.input if v.name not in named and v.name not in defaults]
+    if unnamed:
+        listed = ", ".join(f"'{name}'" for name in unnamed[:3])
+        if len(unnamed) > 3:
+            listed += f" and {len(unnamed) - 3} more"
+        which = "input" if len(unnamed) == 1 else "inputs"
+        verb = "is" if len(unnamed) == 1 else "are"
+        raise DriverError(f"{path}: graph {which} {listed} {verb} not named in '{inputs.where[:-1]}' of "
+                          f"{inputs.path.name} (a missing or mistyped name template?)")
+
+
 def _state(path: Path, kind: str, layer: int, past_template: str, present_template: str | None, graph_inputs,
-           graph_outputs, symbols: dict, head_size) -> StateTensor:
+           graph_outputs, symbols: dict, head_size: int | None) -> StateTensor:
     past = past_template.replace("%d", str(layer))
     if not present_template:
         raise DriverError(f"{path}: the config names no present output for '{past}'")
@@ -304,12 +430,16 @@ def _state(path: Path, kind: str, layer: int, past_template: str, present_templa
             if isinstance(symbol, str):
                 symbols.setdefault(symbol, role)
         head = dims[3] if isinstance(dims[3], int) and dims[3] > 0 else head_size
-        if not isinstance(head, int) or head <= 0:
+        if head is None:
             raise DriverError(f"{path}: '{past}' has no static head size and the config gives none")
         shape = (1, dims[1], -1, head)
     else:
         # [batch, ...] or [W, batch, ...] when windowed; every other axis is static
-        batch_axis = 1 if len(dims) == (4 if kind == "conv" else 5) else 0
+        rank = 3 if kind == "conv" else 4
+        if len(dims) not in (rank, rank + 1):
+            raise DriverError(f"{path}: '{past}' must have {rank} dimensions ({rank + 1} with a state window), "
+                              f"got {dims}")
+        batch_axis = 1 if len(dims) == rank + 1 else 0
         if isinstance(dims[batch_axis], str):
             symbols.setdefault(dims[batch_axis], "batch")
         rest = [d for i, d in enumerate(dims) if i != batch_axis]
@@ -329,9 +459,16 @@ def _state_window(path: Path, recurrent: list[StateTensor]) -> int:
     return windows.pop() if windows else 0
 
 
-def _check_vocab(spec: GraphSpec, vocab_size: int) -> None:
-    out = next(v for v in spec.proto.graph.output if v.name == spec.logits)
-    dims = _dims(out)
-    if dims and isinstance(dims[-1], int) and dims[-1] != vocab_size:
-        raise DriverError(f"{spec.path}: logits have {dims[-1]} columns but genai_config.json says vocab_size "
-                          f"{vocab_size}")
+def _check_sizes(spec: GraphSpec, vocab_size: int, hidden_size: int, config_path: Path) -> None:
+    """The config's vocab_size and hidden_size size the driver's buffers: they must be the graph's
+    (a mismatch would fail at the first forward, as an ORT shape error on a bound output)."""
+    values = {v.name: v for v in (*spec.proto.graph.input, *spec.proto.graph.output)}
+    checks = [(spec.logits, vocab_size, "model.vocab_size"),
+              (spec.hidden_out, hidden_size, "model.decoder.hidden_size")]
+    if spec.hidden_in is not None:
+        checks.append((spec.hidden_in, hidden_size, "model.decoder.hidden_size"))
+    for name, size, key in checks:
+        dims = _dims(values[name])
+        if dims and isinstance(dims[-1], int) and dims[-1] > 0 and dims[-1] != size:
+            raise DriverError(f"{spec.path}: '{name}' has {dims[-1]} columns but {config_path.name} says "
+                              f"'{key}' is {size}")

@@ -17,6 +17,8 @@ The MTP round, top to bottom, is `_mtp_round`; the three ways it commits are in 
 
 from __future__ import annotations
 
+import operator
+import os
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -62,9 +64,9 @@ class Generator:
         check_draft_tokens(draft_tokens)
         if commit not in COMMIT_POLICIES:
             raise DriverError(f"commit must be one of {', '.join(COMMIT_POLICIES)}, got {commit!r}")
-        if not isinstance(prefill_chunk, int) or prefill_chunk < 1:
-            raise DriverError(f"prefill chunk must be a positive integer, got {prefill_chunk!r}")
         folder = self.folder
+        check_prefill_chunk(prefill_chunk, folder.context_length)
+        check_threads(threads)
         self.max_length = max_length or min(folder.context_length, DEFAULT_MAX_LENGTH)
         if not 2 <= self.max_length <= folder.context_length:
             raise DriverError(f"max length must be between 2 and the model's context length "
@@ -72,7 +74,9 @@ class Generator:
         self.mode = mode
         self.draft_tokens = draft_tokens
         self.commit_policy = commit
-        self.prefill_chunk = prefill_chunk
+        # The chunk sizes the prefill buffers (logits are chunk x vocab); no prompt is longer than
+        # max_length, so a wider chunk would only allocate rows no forward uses.
+        self.prefill_chunk = min(prefill_chunk, self.max_length)
         self.profile = profiling_requested(profile)
         self._text: Text | None = None
         if folder.main.state_window and provider != "cuda":
@@ -83,7 +87,7 @@ class Generator:
 
         # CUDA graphs (captured lazily, per width and state parity) for every width a round can run:
         # 1 (decode, head chain steps), k+1 (verify), a+1 (re-advance, the head's first forward).
-        max_width = max(prefill_chunk, MAX_DRAFT_TOKENS + 1)
+        max_width = max(self.prefill_chunk, MAX_DRAFT_TOKENS + 1)
         widths = range(1, MAX_DRAFT_TOKENS + 2)
         capture = self.device.graph_capture
         session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture)
@@ -128,7 +132,7 @@ class Generator:
         check_draft_tokens(k)
         if mode == "mtp" and self.head is None:
             raise DriverError("this Generator was built with mode='greedy'; build one with mode='mtp'")
-        ids = self.encode(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        ids = check_token_ids(self.encode(prompt) if isinstance(prompt, str) else prompt, self.folder.vocab_size)
         self.check_lengths(len(ids), max_new_tokens)
         stats = Stats(mode=mode, draft_tokens=k if mode == "mtp" else 0, prompt_tokens=len(ids))
         profiler = Profiler(self.device) if self.profile and mode == "mtp" else None
@@ -327,9 +331,55 @@ class Generator:
             stats.commits["replay"] += 1
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def check_draft_tokens(k) -> None:
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS:
+    if not _is_int(k) or not 1 <= k <= MAX_DRAFT_TOKENS:
         raise DriverError(f"draft tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {k!r}")
+
+
+def check_prefill_chunk(chunk, context_length: int) -> None:
+    if not _is_int(chunk) or not 1 <= chunk <= context_length:
+        raise DriverError(f"prefill chunk must be an integer from 1 to the model's context length {context_length}, "
+                          f"got {chunk!r}")
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def check_threads(threads) -> None:
+    """None leaves the choice to ONNX Runtime. More threads than cores only slow ORT down, and a
+    few thousand make it spin up (and allocate) for minutes before the first forward."""
+    if threads is None:
+        return
+    cores = available_cores()
+    if not _is_int(threads) or not 1 <= threads <= cores:
+        raise DriverError(f"threads must be an integer from 1 to {cores} (the CPU cores available here), "
+                          f"got {threads!r}")
+
+
+def check_token_ids(ids, vocab_size: int) -> list[int]:
+    """The ids as a list of ints, each a vocabulary entry: ORT's Gather would read a negative id
+    from the end of the table and fail on one past it with an error that names no token."""
+    return [_token_id(token, position, vocab_size) for position, token in enumerate(ids)]
+
+
+def _token_id(token, position: int, vocab_size: int) -> int:
+    try:
+        value = operator.index(token)  # ints and numpy integers; not floats or strings
+    except TypeError:
+        value = None
+    if value is None or isinstance(token, bool):
+        raise DriverError(f"token ids must be integers, got {token!r} at position {position}")
+    if not 0 <= value < vocab_size:
+        raise DriverError(f"token id {value} at position {position} is outside the vocabulary (0 to {vocab_size - 1})")
+    return value
 
 
 def _no_phase(name: str):

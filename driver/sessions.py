@@ -10,6 +10,7 @@ external weights, so a read-only folder works and no derived file is ever writte
 from __future__ import annotations
 
 import os
+import re
 
 import onnx
 import onnxruntime as ort
@@ -22,9 +23,12 @@ from .folder import GraphSpec
 
 # Where ORT looks for external initializers of a model given as bytes (it has no path to start from).
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
-# ORT's log level for the driver's sessions (0 verbose .. 4 fatal; default 3, errors only). Level 1
-# shows ORT's CUDA-graph capture and replay messages, which bench/driver_cuda_check.py counts.
+# ORT's log level for the driver's sessions (0 verbose .. 4 fatal). The default, 4, keeps ORT's
+# logger from printing its own line for an error it also raises: the driver reports that error as
+# its one line (at 3, ORT prints "[E:onnxruntime:...]" above it). Level 1 shows ORT's CUDA-graph
+# capture and replay messages, which bench/driver_cuda_check.py counts.
 LOG_LEVEL_ENV = "DRIVER_ORT_LOG_LEVEL"
+DEFAULT_LOG_LEVEL = 4
 
 
 def log_level() -> int:
@@ -33,7 +37,20 @@ def log_level() -> int:
         level = int(value)
         ort.set_default_logger_severity(level)
         return level
-    return 3
+    return DEFAULT_LOG_LEVEL
+
+
+def register_library(options: ort.SessionOptions) -> None:
+    """Registers the custom-op library (ops.library_path: ORT_MTP_LIBRARY or the installed one) with
+    `options`; a missing library, or a file ORT cannot load as one, is an error naming the file."""
+    try:
+        path = ops.library_path()
+    except ops.LibraryNotFoundError as e:
+        raise DriverError(str(e)) from None
+    try:
+        options.register_custom_ops_library(path)
+    except Exception as e:  # ORT raises its own Fail type, saying why the loader refused the file
+        raise DriverError(f"{path} is not a usable ONNX Runtime custom-op library ({_first_line(e)})") from None
 
 
 def rewrite_graph(spec: GraphSpec) -> tuple[onnx.ModelProto, int]:
@@ -50,10 +67,7 @@ def create_session(spec: GraphSpec, device, max_len: int, rewrite: bool = True,
     proto, swapped = rewrite_graph(spec) if rewrite else (spec.proto, 0)
     options = ort.SessionOptions()
     options.log_severity_level = log_level()
-    try:
-        ops.register(options)
-    except ops.LibraryNotFoundError as e:
-        raise DriverError(str(e)) from None
+    register_library(options)
     options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.path.parent.resolve()))
     for symbol, value in spec.dim_overrides(max_len).items():
         options.add_free_dimension_override_by_name(symbol, value)
@@ -67,5 +81,6 @@ def create_session(spec: GraphSpec, device, max_len: int, rewrite: bool = True,
 
 
 def _first_line(error: Exception) -> str:
-    text = str(error).strip()
+    """The first line of ORT's message, without its "[ONNXRuntimeError] : 1 : FAIL : " prefix."""
+    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip())
     return text.splitlines()[0] if text else type(error).__name__

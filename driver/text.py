@@ -14,6 +14,18 @@ class TokenizerUnavailable(DriverError):
     """The `tokenizers` package is not installed (token ids in and out still work)."""
 
 
+def check_text(text: str) -> None:
+    """Text the tokenizer takes: a str that is valid Unicode. Python turns the bytes of a command-line
+    argument that are not UTF-8 into lone surrogates (U+DC80..U+DCFF stand for bytes 0x80..0xff),
+    which `tokenizers` refuses with a bare TypeError."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = ord(text[e.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate U+{code:04X}"
+        raise DriverError(f"the prompt is not valid UTF-8 text: character {e.start} is {what}") from None
+
+
 class Text:
     def __init__(self, path: Path):
         try:
@@ -26,6 +38,7 @@ class Text:
             raise DriverError(f"{path} is not a readable tokenizer.json ({e})") from None
 
     def encode(self, text: str) -> list[int]:
+        check_text(text)
         return self.tokenizer.encode(text).ids
 
     def decode(self, ids) -> str:

@@ -9,6 +9,8 @@ import argparse
 import json
 import sys
 
+from ops.staging import OutputError
+
 from .config import PRECISIONS, PRESETS, BuildOptions, ConfigError, Synthesis, preset
 
 
@@ -145,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         result = {"build": _build, "convert": _convert, "acceptance": _acceptance, "sweep": _sweep,
                   "head-folder": _head_folder, "tokenizer": _tokenizer}[args.command](args)
-    except (CliError, ConfigError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+    except (CliError, ConfigError, OutputError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))

@@ -11,6 +11,8 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ops.staging import staged_folder
+
 from .config import BuildOptions, ConfigError, Qwen35Shape
 from .genai_config import make_genai_config, shared_initializer_entries
 from .graph import Emitter, build_decoder, build_mtp
@@ -48,31 +50,36 @@ class BuildResult:
         return asdict(self)
 
 
-def prepare_folder(out: Path, overwrite: bool) -> None:
-    """The folder must be new or empty; with overwrite, only the files a build writes are removed."""
+def check_out_folder(out: Path, overwrite: bool) -> None:
+    """The folder must be new or empty; with overwrite it may hold a previous build (only the files
+    a build writes), which is replaced once the new one is complete."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output {out} exists and is not a directory")
     if out.is_dir():
         present = [p.name for p in out.iterdir()]
         if present and not overwrite:
             raise ConfigError(f"output folder {out} is not empty (pass --overwrite to replace a previous build)")
-        if overwrite:
-            foreign = [p for p in present if p not in FOLDER_FILES]
-            if foreign:
-                raise ConfigError(f"output folder {out} holds files a build does not write: {', '.join(sorted(foreign)[:5])}")
-            for name in present:
-                (out / name).unlink()
-    out.mkdir(parents=True, exist_ok=True)
+        foreign = [p for p in present if p not in FOLDER_FILES]
+        if foreign:  # --overwrite replaces the whole folder: never one that holds anything else
+            raise ConfigError(f"output folder {out} holds files a build does not write: {', '.join(sorted(foreign)[:5])}")
 
 
 def build(shape: Qwen35Shape, out: str | os.PathLike, options: BuildOptions, overwrite: bool = False,
           threads: int | None = None) -> BuildResult:
+    """Writes the folder `out`. It is built in a staging folder next to it and renamed into place
+    when complete (ops.staging), so a failed or interrupted build leaves `out` as it was."""
     shape.validate()
     options.validate()
     out = Path(out)
-    prepare_folder(out, overwrite)
+    check_out_folder(out, overwrite)
+    with staged_folder(out, overwrite=overwrite) as staging:
+        result = _write_folder(shape, options, staging, threads or workers())
+    result.folder = str(out)  # _write_folder saw the staging folder's path
+    return result
+
+
+def _write_folder(shape: Qwen35Shape, options: BuildOptions, out: Path, threads: int) -> BuildResult:
     start = time.perf_counter()
-    threads = threads or workers()
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext(None) as pool:
         specials = write_tokenizer_files(out, shape.vocab_size, shape.context_length)
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ops.staging import staged_folder
+
 BUILDER_PRECISIONS = ("int4", "int8", "bf16", "fp16", "fp32")
 BUILDER_EPS = ("cpu", "cuda")
 
@@ -96,18 +98,23 @@ def fix_tokenizer_class(out: Path) -> str | None:
 
 def convert(hf_dir, out, precision: str = "int4", ep: str = "cuda", state_window: int = 0,
             exclude_mtp: bool = False, cache_dir: str | None = None) -> dict:
+    """The builder writes into a staging folder next to `out`, renamed to `out` once the builder
+    has finished and the fixes are applied (ops.staging): a failed run leaves no half folder."""
     hf_dir, out = Path(hf_dir), Path(out)
     _check(hf_dir, out, precision, ep, state_window)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="builder-cache-") as tmp:
-        command = builder_command(str(hf_dir), str(out), precision, ep, cache_dir or tmp, state_window, exclude_mtp)
-        result = subprocess.run(command, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise ConvertError(f"builder failed (exit {result.returncode}): {_last_line(result.stderr or result.stdout)}")
-    if not (out / "genai_config.json").is_file():
-        raise ConvertError(f"builder wrote no genai_config.json in {out}: {_last_line(result.stdout)}")
-    stripped = strip_cpu_shared_initializers(out) if ep == "cpu" else False
-    renamed = fix_tokenizer_class(out)
+    with staged_folder(out) as staging:
+        with tempfile.TemporaryDirectory(prefix="builder-cache-") as tmp:
+            command = builder_command(str(hf_dir), str(staging), precision, ep, cache_dir or tmp, state_window,
+                                      exclude_mtp)
+            result = subprocess.run(command, capture_output=True, text=True)
+        if result.returncode != 0:
+            last = _last_line(result.stderr or result.stdout)
+            raise ConvertError(f"builder failed (exit {result.returncode}): {last}")
+        if not (staging / "genai_config.json").is_file():
+            raise ConvertError(f"builder wrote no genai_config.json: {_last_line(result.stdout)}")
+        stripped = strip_cpu_shared_initializers(staging) if ep == "cpu" else False
+        renamed = fix_tokenizer_class(staging)
     return {
         "out": str(out),
         "command": command,

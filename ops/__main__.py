@@ -4,7 +4,7 @@
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
-onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 1.
+onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 2.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 
 from . import LibraryNotFoundError, library_path
 from .rewrite import FileReport, FolderReport, RewriteError, rewrite_path
+from .staging import OutputError
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -26,8 +27,8 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits, sharing the same weights. "
             "IN and OUT are .onnx files or onnxruntime-genai model folders; OUT must not exist or be "
-            "an empty folder. For a folder every model genai_config.json names is rewritten, every "
-            "other file is hard-linked (or copied), and the library is copied in and named in "
+            "an empty folder, and not be a symbolic link. For a folder every model genai_config.json "
+            "names is rewritten, every other file is hard-linked (or copied), and the library is copied in and named in "
             "genai_config.json's session options."),
     )
     rewrite.add_argument("input", metavar="IN", help="model file or onnxruntime-genai model folder")
@@ -84,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         report = rewrite_path(args.input, args.output, args.include, args.exclude, args.library,
                               require_rewrite=True, pack=args.pack)
-    except (RewriteError, LibraryNotFoundError) as e:
+    except (RewriteError, OutputError, LibraryNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     except OSError as e:  # permissions, full disk, ...: the system's message names the file
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
     _print_report(report, args.pack)
     return 0
 

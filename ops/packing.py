@@ -132,8 +132,8 @@ class ExternalWeights:
         info = {e.key: e.value for e in t.external_data}
         location = Path(info.get("location", ""))
         if not info.get("location") or location.is_absolute() or ".." in location.parts:
-            raise ValueError(f"tensor {t.name!r}: external data location {info.get('location')!r} is not "
-                             "a relative path inside the model's folder")
+            raise ValueError(f"external data location {info.get('location')!r} is not a relative path inside "
+                             "the model's folder")
         with open(self.source_folder / location, "rb") as f:
             f.seek(int(info.get("offset", 0)))
             t.raw_data = f.read(int(info["length"])) if "length" in info else f.read()
@@ -191,11 +191,22 @@ def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None) 
         K, N, bs = attrs["K"], attrs["N"], attrs["block_size"]
         for t, fn in ((inits[b_name], lambda raw: pack_b(raw.view(np.uint8), N, K)),
                       (inits[s_name], lambda raw: pack_scales(raw, N, K, bs))):
-            _repack(t, fn, external)
+            try:
+                _repack(t, fn, external)
+            except ValueError as e:  # numpy's message ("cannot reshape ...") names no tensor or file
+                raise ValueError(f"node {label!r} (K={K}, N={N}, block_size={bs}): initializer {t.name!r} "
+                                 f"{_stored_where(t)}, dims {list(t.dims)}: {e}") from None
         del node.attribute[:]
         node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, PACKING_ATTRIBUTE: TILES}.items())
         packed += 1
     return packed, skipped
+
+
+def _stored_where(t: onnx.TensorProto) -> str:
+    if t.data_location != onnx.TensorProto.EXTERNAL:
+        return "(in the model file)"
+    location = next((e.value for e in t.external_data if e.key == "location"), "?")
+    return f"(in {location})"
 
 
 def _repack(t: onnx.TensorProto, fn, external: ExternalWeights | None) -> None:

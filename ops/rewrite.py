@@ -36,6 +36,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from . import DOMAIN, MATMUL_NBITS, library_path, packing
+from .staging import check_output, staged_files, staged_folder
 
 SOURCE_DOMAIN = "com.microsoft"
 OPSET_VERSION = 1
@@ -304,18 +305,21 @@ def save_model(model: onnx.ModelProto, path: Path) -> None:
     path.write_bytes(data)
 
 
-def _pack(model: onnx.ModelProto, report: ModelReport, source_folder: Path, output: Path) -> None:
-    """pack=True: the swapped nodes the tiles layout takes get packed weights (ops.packing). Those
-    stored as external data are written to a new file next to the output, `<output name>.tiles.data`;
-    the original data files are carried over as usual (other tensors may still need them)."""
-    target = output.parent / f"{output.name}{TILES_DATA_SUFFIX}"
-    if target.exists() or (source_folder / target.name).exists():
-        raise RewriteError(f"{target.name} already exists; it is the name the packed weights are written to")
+def _tiles_data(model_file: Path) -> Path:
+    """Where --pack writes the packed weights of the model written to model_file."""
+    return model_file.parent / f"{model_file.name}{TILES_DATA_SUFFIX}"
+
+
+def _pack(model: onnx.ModelProto, report: ModelReport, source: Path, output: Path) -> None:
+    """pack=True: the swapped nodes the tiles layout takes get packed weights (ops.packing), read
+    from the model file `source`'s folder. Those stored as external data are written to a new file
+    next to `output` (where the model is written), `<output name>.tiles.data`; the original data
+    files are carried over as usual (other tensors may still need them)."""
     try:
-        report.packed, report.not_packed = packing.pack_model(model, packing.ExternalWeights(source_folder, target))
-    except (ValueError, OSError) as e:
-        target.unlink(missing_ok=True)
-        raise RewriteError(f"packing {output.name}: {e}") from None
+        external = packing.ExternalWeights(source.parent, _tiles_data(output))
+        report.packed, report.not_packed = packing.pack_model(model, external)
+    except (ValueError, OSError) as e:  # the message names the node, the initializer and its data file
+        raise RewriteError(f"cannot pack {source}: {e}") from None
 
 
 def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False,
@@ -323,10 +327,12 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
     """Rewrites one .onnx file into `output` (a new file, or a new file inside an empty existing
     folder). External data files are shared when output lies in the source's folder, otherwise
     hard-linked (or copied) next to the output under the same relative names. require_rewrite:
-    raise, writing nothing, when no node was swapped. pack: also put the weights of the nodes the
-    tiles layout takes into it (packing=1; see _pack)."""
+    raise when no node was swapped. pack: also put the weights of the nodes the tiles layout takes
+    into it (packing=1; see _pack). Raises ops.staging.OutputError for a symbolic-link output; an
+    error or interrupt leaves no file behind."""
     source, output = Path(source), Path(output)
     model = load_model(source)
+    check_output(output)
     if output.is_dir():
         if any(output.iterdir()):
             raise RewriteError(f"{output} exists and is not empty")
@@ -352,15 +358,22 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
         dst_file = output.parent / rel
         if same_folder or (dst_file.exists() and dst_file.samefile(src_file)):
             report.data_files[location] = "shared"
-        elif dst_file.exists():
+        elif os.path.lexists(dst_file):  # a dangling link too: never written through
             raise RewriteError(f"{dst_file} exists and is not {src_file}, which {source.name} needs there")
         else:
-            plan.append((location, src_file, dst_file))
-    for location, src_file, dst_file in plan:
-        report.data_files[location] = link_or_copy(src_file, dst_file)
-    if pack:
-        _pack(model, report.model, source.parent, output)
-    save_model(model, output)
+            plan.append((location, src_file, rel))
+    if pack:  # a new file: neither the output's folder nor the source's (its data files come along) may hold one
+        for taken in (_tiles_data(output), _tiles_data(source.parent / output.name)):
+            if os.path.lexists(taken):
+                raise RewriteError(f"{taken} exists; {taken.name} is the name --pack writes the packed weights to")
+    # Every new file is written in a staging folder and moved next to the output when all are
+    # complete, the model last: a failed or interrupted rewrite leaves nothing behind.
+    with staged_files(output.parent, last=output.name) as staging:
+        for location, src_file, rel in plan:
+            report.data_files[location] = link_or_copy(src_file, staging / rel)
+        if pack:
+            _pack(model, report.model, source, staging / output.name)
+        save_model(model, staging / output.name)
     return report
 
 
@@ -423,18 +436,18 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
     and carries every other file over (hard link, else copy; weights are never rewritten). The
     library (default: ops.library_path()) is copied into `output` and named in the session options
     of each rewritten model, so onnxruntime-genai loads the folder as it is. require_rewrite:
-    raise, writing nothing, when no node was swapped. pack: also put the weights of the nodes the
-    tiles layout takes into it (packing=1; see _pack)."""
+    raise when no node was swapped. pack: also put the weights of the nodes the tiles layout takes
+    into it (packing=1; see _pack). Raises ops.staging.OutputError for an output that is a symbolic
+    link, the source folder or inside it; an error or interrupt leaves no `output` behind."""
     source, output = Path(source), Path(output)
     config_path = source / GENAI_CONFIG
     if not source.is_dir():
         raise RewriteError(f"{source}: no such folder")
     if not config_path.is_file():
         raise RewriteError(f"{source} is not an onnxruntime-genai model folder (no {GENAI_CONFIG})")
+    check_output(output, source)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise RewriteError(f"{output} exists and is not an empty folder")
-    if output.resolve() == source.resolve() or source.resolve() in output.resolve().parents:
-        raise RewriteError(f"{output} is inside {source}; write the rewritten folder elsewhere")
     try:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -488,15 +501,30 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
 
     if pack:  # the packed weights' files are new files too: none may come over from the source
         for name in rewritten:
-            taken = (source / name).parent / f"{Path(name).name}{TILES_DATA_SUFFIX}"
+            taken = _tiles_data(source / name)
             if taken.exists():
                 raise RewriteError(f"{taken} exists; {taken.name} is the name --pack writes {name}'s packed weights to")
-    # Carry everything else over. Files written below (config, rewritten models, the library, packed
-    # weights) are new files, never written through a link into the source folder.
+    # Written in a staging folder renamed to `output` when complete: a failed or interrupted rewrite
+    # leaves no half folder (that a rerun would refuse as not empty).
     written = {GENAI_CONFIG, *rewritten}
     if report.library:
         written.add(report.library)
-    output.mkdir(parents=True, exist_ok=True)
+    with staged_folder(output) as staging:
+        _carry_over(source, staging, written, report)
+        for name, model in rewritten.items():
+            if pack:
+                _pack(model, report.models[name], model_paths[name], staging / name)
+            save_model(model, staging / name)
+        if report.library:
+            shutil.copy2(lib_src, staging / report.library)
+        (staging / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n")
+    return report
+
+
+def _carry_over(source: Path, output: Path, written: set[str], report: FolderReport) -> None:
+    """Hard-links (or copies) every file of `source` but those in `written` (relative paths) into
+    `output`. Files written instead (config, rewritten models, the library, packed weights) are new
+    files, never written through a link into the source folder."""
     for path in sorted(source.rglob("*")):
         if path.is_dir():
             continue
@@ -507,14 +535,6 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
             report.links += 1
         else:
             report.copies += 1
-    for name, model in rewritten.items():
-        if pack:
-            _pack(model, report.models[name], model_paths[name].parent, output / name)
-        save_model(model, output / name)
-    if report.library:
-        shutil.copy2(lib_src, output / report.library)
-    (output / GENAI_CONFIG).write_text(json.dumps(config, indent=4) + "\n")
-    return report
 
 
 def rewrite_path(source, output, include=None, exclude=None, library: str | None = None,

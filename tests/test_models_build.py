@@ -204,6 +204,21 @@ def test_build_is_deterministic_and_seeded(tmp_path):
     assert digest(a)["model.onnx"] == digest(c)["model.onnx"]
 
 
+def test_overwrite_with_other_options_replaces_every_file(tmp_path):
+    """An int4 build overwritten by an fp32 one is byte for byte a fresh fp32 build, the result
+    names the folder (not the staging folder it was written in), and nothing else is left."""
+    def digest(folder):
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    build(TINY, out, BuildOptions(precision="int4"), threads=1)
+    result = build(TINY, out, BuildOptions(precision="fp32"), overwrite=True, threads=1)
+    build(TINY, fresh, BuildOptions(precision="fp32"), threads=1)
+    assert digest(out) == digest(fresh)
+    assert result.folder == str(out) and result.files == {p.name: p.stat().st_size for p in out.iterdir()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "out"]
+
+
 def test_state_window_widens_conv_and_recurrent_states(tmp_path):
     build(TINY, tmp_path, BuildOptions(precision="int4", ep="cuda", state_window=4))
     model = onnx.load(tmp_path / "model.onnx", load_external_data=False)

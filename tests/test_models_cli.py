@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from models.__main__ import main as models_main
 
 
 def run(*args, cwd=None):
@@ -58,9 +64,54 @@ def test_build_refuses_a_non_empty_folder_and_a_file(tmp_path):
     assert_one_line_error(run("build", "--preset", "tiny", "--out", str(tmp_path / "keep.txt")), "not a directory")
 
 
-def test_overwrite_replaces_a_previous_build(tmp_path):
-    assert run("build", "--preset", "tiny", "--out", str(tmp_path)).returncode == 0
-    assert run("build", "--preset", "tiny", "--out", str(tmp_path), "--overwrite", "--seed", "1").returncode == 0
+def snapshot(folder) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def build_in_process(out, *args) -> int:
+    return models_main(["build", "--preset", "tiny", "--out", str(out), "--threads", "1", *args])
+
+
+def test_overwrite_replaces_a_previous_build(tmp_path, capsys):
+    out = tmp_path / "m"
+    assert build_in_process(out) == 0
+    before = snapshot(out)
+    capsys.readouterr()
+    assert build_in_process(out, "--overwrite", "--seed", "1") == 0
+    report = json.loads(capsys.readouterr().out)
+    after = snapshot(out)
+    assert after.keys() == before.keys() and after["model.onnx.data"] != before["model.onnx.data"]
+    assert report["folder"] == str(out) and report["seed"] == 1
+    assert os.listdir(tmp_path) == ["m"]  # no staging folder, no old build left aside
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_failed_overwrite_leaves_the_previous_build(tmp_path, monkeypatch, error):
+    """The build fails after model.onnx and its data are written (in the head): the old folder is
+    byte for byte what it was, and no staging folder is left."""
+    out = tmp_path / "m"
+    assert build_in_process(out) == 0
+    before = snapshot(out)
+
+    def fail_midway(*args, **kwargs):
+        raise error("simulated failure while writing the MTP head")
+
+    # models.build is also the name of the build function (models/__init__.py): patch the module
+    monkeypatch.setattr(importlib.import_module("models.build"), "build_mtp", fail_midway)
+    with pytest.raises(error, match="simulated"):
+        build_in_process(out, "--overwrite", "--seed", "1")
+    assert snapshot(out) == before
+    assert os.listdir(tmp_path) == ["m"]
+
+
+def test_build_refuses_a_symlink_out(tmp_path, capsys):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "out").symlink_to(tmp_path / "elsewhere" / "missing")
+    assert build_in_process(tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "is a symbolic link" in err
+    assert not any((tmp_path / "elsewhere").iterdir())
+    assert sorted(os.listdir(tmp_path)) == ["elsewhere", "out"]
 
 
 def test_missing_arguments_and_unknown_command():
@@ -78,6 +129,35 @@ def test_convert_rejects_bad_inputs(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("")
     assert_one_line_error(run("convert", str(tmp_path), str(tmp_path / "out")), "not an empty folder")
+
+
+@pytest.mark.parametrize("builder_exit", [0, 1])
+def test_convert_moves_the_builders_folder_in_only_once_it_is_complete(tmp_path, monkeypatch, capsys, builder_exit):
+    """The builder (faked: it writes a model, then fails or writes its config) writes into a staging
+    folder: a failed run leaves no OUT, a good one leaves OUT with the fixes applied."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    out = tmp_path / "out"
+
+    def fake_builder(command, **kwargs):
+        written = Path(command[command.index("-o") + 1])
+        assert written != out and written.is_dir()
+        (written / "model.onnx").write_bytes(b"graph")
+        if builder_exit == 0:
+            config = {"model": {"decoder": {"filename": "model.onnx", "shared_initializers": []}}}
+            (written / "genai_config.json").write_text(json.dumps(config))
+        return subprocess.CompletedProcess(command, builder_exit, "", "builder: out of memory")
+
+    monkeypatch.setattr(subprocess, "run", fake_builder)
+    code = models_main(["convert", str(tmp_path / "hf"), str(out), "--ep", "cpu"])
+    if builder_exit:
+        assert code == 2 and "builder failed (exit 1): builder: out of memory" in capsys.readouterr().err
+        assert sorted(os.listdir(tmp_path)) == ["hf"]
+        return
+    assert code == 0 and json.loads(capsys.readouterr().out)["removed_cpu_shared_initializers"] is True
+    assert sorted(os.listdir(tmp_path)) == ["hf", "out"]
+    assert sorted(os.listdir(out)) == ["genai_config.json", "model.onnx"]
+    assert "shared_initializers" not in json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
 
 
 def test_acceptance_rejects_a_folder_without_a_model(tmp_path):

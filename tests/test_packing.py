@@ -315,3 +315,71 @@ def test_pack_model_refuses_external_data_outside_the_folder(tmp_path):
     b.ClearField("raw_data")
     with pytest.raises(ValueError, match="not a relative path inside the model's folder"):
         packing.pack_model(model, packing.ExternalWeights(tmp_path, tmp_path / "m.onnx.tiles.data"))
+
+
+def _unpackable_folder(tmp_path):
+    """A genai folder whose up node claims N=48 while its B and scales hold 32 rows: the rewrite
+    takes it (it does not read weights), packing cannot reshape B."""
+    import onnx
+
+    src = tmp_path / "src"
+    src.mkdir()
+    model = _two_node_model(np.random.default_rng(14))
+    up = next(n for n in model.graph.node if n.name == "/model/up/MatMul")
+    next(a for a in up.attribute if a.name == "N").i = 48
+    onnx.save(model, str(src / "model.onnx"), save_as_external_data=True, location="model.onnx.data",
+              size_threshold=0)
+    config = {"model": {"decoder": {"filename": "model.onnx", "session_options": {}}, "type": "qwen3"}}
+    (src / "genai_config.json").write_text(json.dumps(config))
+    return src
+
+
+def test_a_failed_pack_names_the_tensor_and_file_and_leaves_no_output(tmp_path, capsys):
+    import os
+
+    from ops.__main__ import main
+
+    src = _unpackable_folder(tmp_path)
+    out = tmp_path / "out"
+    assert main(["rewrite", str(src), str(out), "--pack"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: cannot pack ")
+    for name in (str(src / "model.onnx"), "'/model/up/MatMul'", "N=48", "'up.B'", "model.onnx.data",
+                 "cannot reshape"):
+        assert name in err, name
+    assert sorted(os.listdir(tmp_path)) == ["src"]  # no half folder, no staging folder
+    # the single-file rewrite: neither the model, the linked data nor the packed weights are left
+    files = tmp_path / "files"
+    files.mkdir()
+    assert main(["rewrite", str(src / "model.onnx"), str(files / "m.onnx"), "--pack"]) == 2
+    assert "'up.B'" in capsys.readouterr().err and os.listdir(files) == []
+    # the same output path takes a rerun (here without --pack, which reads no weight)
+    assert main(["rewrite", str(src), str(out)]) == 0
+    assert (out / "genai_config.json").is_file()
+
+
+def test_an_interrupted_pack_leaves_no_output_and_the_same_command_then_works(tmp_path, monkeypatch):
+    import os
+
+    from models.build import build
+    from models.config import BuildOptions, preset
+    from ops.rewrite import rewrite_folder
+
+    src = tmp_path / "src"
+    build(preset("tiny"), src, BuildOptions(precision="int4", ep="cuda"), threads=1)
+    out = tmp_path / "tiles"
+    real_pack_b, calls = packing.pack_b, []
+
+    def interrupted_on_the_third(*args):
+        calls.append(1)
+        if len(calls) == 3:  # two nodes packed, their weights in model.onnx.tiles.data
+            raise KeyboardInterrupt
+        return real_pack_b(*args)
+
+    monkeypatch.setattr(packing, "pack_b", interrupted_on_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        rewrite_folder(src, out, pack=True)
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+    monkeypatch.setattr(packing, "pack_b", real_pack_b)
+    report = rewrite_folder(src, out, pack=True)
+    assert report.models["model.onnx"].packed == 8 and (out / "model.onnx.tiles.data").is_file()

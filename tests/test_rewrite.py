@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ import pytest
 from onnx import TensorProto, helper
 
 import ops
+import ops.rewrite
 from ops import nbits
 from ops.__main__ import main as cli_main
 from ops.rewrite import (
@@ -34,6 +36,7 @@ from ops.rewrite import (
     rewrite_model,
     rewrite_model_report,
 )
+from ops.staging import OutputError
 
 U32 = 2.0**-24
 NAMES = {
@@ -399,7 +402,6 @@ def test_genai_model_sections_finds_nested_models():
         ("missing model", "no such model file"),
         ("escaping model", "is not a path inside its folder"),
         ("other library", "already loads custom-op library 'libother.so'"),
-        ("output inside input", "is inside"),
         ("output not empty", "exists and is not an empty folder"),
     ],
 )
@@ -419,8 +421,6 @@ def test_folder_errors(case, message, genai_folder, tmp_path):
         config["model"]["mtp"]["filename"] = "../model.onnx"
     elif case == "other library":
         config["model"]["mtp"]["session_options"][GENAI_LIBRARY_KEY] = "libother.so"
-    elif case == "output inside input":
-        output = genai_folder / "sub"
     elif case == "output not empty":
         output.mkdir()
         (output / "x").write_text("x")
@@ -430,6 +430,76 @@ def test_folder_errors(case, message, genai_folder, tmp_path):
         rewrite_folder(genai_folder, output)
     if case != "output not empty":
         assert not output.exists() or not any(output.iterdir())  # nothing written on failure
+
+
+@pytest.mark.parametrize("output", ["SOURCE", "SOURCE/sub", "SOURCE/sub/deeper"])
+def test_folder_output_is_never_the_source_folder_or_inside_it(genai_folder, output):
+    before = _tree(genai_folder)
+    with pytest.raises(OutputError, match="source folder"):
+        rewrite_folder(genai_folder, Path(output.replace("SOURCE", str(genai_folder))))
+    assert _tree(genai_folder) == before
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    """Every entry below folder (hidden ones too) -> its content's digest ("dir" for folders)."""
+    return {p.relative_to(folder).as_posix(): "dir" if p.is_dir() else _digest(p) for p in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_a_dangling_symlink_output_into_the_source_is_refused(kind, model_dir, genai_folder, tmp_path, capsys):
+    """OUT is a link to a path that does not exist yet, inside the source folder: nothing may be
+    written through it (the file rewrite used to put its model into the source folder)."""
+    source = genai_folder if kind == "folder" else model_dir / "model.onnx"
+    source_folder = genai_folder if kind == "folder" else model_dir
+    before = _tree(source_folder)
+    link = tmp_path / ("out" if kind == "folder" else "out.onnx")
+    link.symlink_to(source_folder / ("new_folder" if kind == "folder" else "new.onnx"))
+    assert cli_main(["rewrite", str(source), str(link)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "is a symbolic link" in err
+    assert _tree(source_folder) == before
+    assert link.is_symlink() and not link.exists()
+
+
+@pytest.mark.parametrize("error", [OSError, KeyboardInterrupt])
+def test_a_failed_file_rewrite_leaves_nothing_and_a_rerun_works(model_dir, tmp_path, monkeypatch, error):
+    """Failing as the model is saved, after its data file was linked: no model, no data file, no
+    staging folder is left next to the output."""
+    out = tmp_path / "out"
+    out.mkdir()
+    real_save = ops.rewrite.save_model
+
+    def fail(model, path):
+        path.write_bytes(b"half a model")
+        raise error("simulated failure while saving")
+
+    monkeypatch.setattr(ops.rewrite, "save_model", fail)
+    with pytest.raises(error, match="simulated"):
+        rewrite_file(model_dir / "model.onnx", out / "m.onnx")
+    assert _tree(out) == {}
+    monkeypatch.setattr(ops.rewrite, "save_model", real_save)
+    report = rewrite_file(model_dir / "model.onnx", out / "m.onnx")
+    assert report.data_files == {"model.onnx.data": "link"} and sorted(_tree(out)) == ["m.onnx", "model.onnx.data"]
+
+
+@pytest.mark.parametrize("error", [OSError, KeyboardInterrupt])
+def test_a_failed_folder_rewrite_leaves_no_folder_and_a_rerun_works(genai_folder, tmp_path, monkeypatch, error):
+    out = tmp_path / "out"
+    real_save = ops.rewrite.save_model
+    saved = []
+
+    def fail_on_the_second(model, path):
+        saved.append(path.name)
+        if len(saved) == 2:
+            raise error("simulated failure while saving")
+        real_save(model, path)
+
+    monkeypatch.setattr(ops.rewrite, "save_model", fail_on_the_second)
+    with pytest.raises(error, match="simulated"):
+        rewrite_folder(genai_folder, out)
+    assert not out.exists() and os.listdir(tmp_path) == ["genai"]
+    monkeypatch.setattr(ops.rewrite, "save_model", real_save)
+    assert rewrite_folder(genai_folder, out).count == 15
 
 
 # ------------------------------------------------------------------------------------------------
@@ -476,7 +546,7 @@ def test_cli_errors_are_one_line(args, message, model_dir, genai_folder, tmp_pat
              "IN_FOLDER": genai_folder, "IN_TEXT": tmp_path / "text.onnx", "IN_PLAIN_FOLDER": tmp_path / "plain",
              "OUT": tmp_path / "new_out", "OUT_EXISTS": tmp_path / "exists.onnx", "OUT_FULL": tmp_path / "full",
              "NO_LIB": tmp_path / "libnothing.so"}
-    assert cli_main([str(paths.get(a, a)) for a in ["rewrite", *args]]) == 1
+    assert cli_main([str(paths.get(a, a)) for a in ["rewrite", *args]]) == 2
     captured = capsys.readouterr()
     assert captured.err.count("\n") == 1 and captured.err.startswith("error: ") and message in captured.err
     assert not (tmp_path / "new_out").exists()
@@ -486,7 +556,7 @@ def test_cli_in_a_subprocess(model_dir, tmp_path):
     """The real entry point: exit status, one line on error, no traceback; usage errors exit 2."""
     run = lambda *a: subprocess.run([sys.executable, "-m", "ops", *a], capture_output=True, text=True)  # noqa: E731
     bad = run("rewrite", str(tmp_path / "missing"), str(tmp_path / "o"))
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
     good = run("rewrite", str(model_dir / "model.onnx"), str(tmp_path / "o.onnx"))
     assert good.returncode == 0, good.stderr
     assert "rewrote 5 of 6" in good.stdout

@@ -1,0 +1,243 @@
+"""The CLI's promise under a careless user and a hostile model folder: one line `error: ...` on
+stderr, exit status 2, no traceback (and Ctrl-C: status 130, quietly). One test per defect of the
+reliability issue; the folder cases edit one shared copy of the tiny preset, put back after each test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from driver import DriverError, Generator
+from driver.generator import available_cores
+from test_driver_cli import REPO, main, one_line_error
+from test_driver_support import tiny_folder
+
+CONFIG = "genai_config.json"
+
+
+@pytest.fixture(scope="module")
+def shared_copy(tmp_path_factory) -> Path:
+    dst = tmp_path_factory.mktemp("reliability") / "model"
+    shutil.copytree(tiny_folder(), dst)
+    return dst
+
+
+@pytest.fixture()
+def folder(shared_copy):
+    """The module's copy of the tiny folder; whatever a test breaks in it is mended afterwards."""
+    yield shared_copy
+    shared_copy.chmod(0o755)
+    for src in tiny_folder().iterdir():
+        dst = shared_copy / src.name
+        if dst.exists():
+            dst.chmod(0o644)
+        if src.name == CONFIG or not dst.exists() or dst.stat().st_size != src.stat().st_size:
+            shutil.copy2(src, dst)
+
+
+def edit_config(folder: Path, change) -> None:
+    config = json.loads((folder / CONFIG).read_text())
+    change(config["model"])
+    (folder / CONFIG).write_text(json.dumps(config))
+
+
+def generate(folder: Path, *extra: str) -> list[str]:
+    return ["generate", "--model", str(folder), "--prompt", "x = 1", "--max-new-tokens", "2", *extra]
+
+
+@pytest.fixture(scope="module")
+def greedy():
+    return Generator(tiny_folder(), provider="cpu", mode="greedy", max_length=32, threads=1)
+
+
+# -- options ----------------------------------------------------------------------------------------
+
+
+def test_threads_are_bounded_by_the_cores_present(capsys):
+    cores = available_cores()
+    for threads in ("0", "-1", str(cores + 1), "100000"):
+        one_line_error(capsys, generate(tiny_folder(), "--threads", threads), f"from 1 to {cores}", f"got {threads}")
+    for threads in (0, cores + 1, 1.5):
+        with pytest.raises(DriverError, match=f"threads must be an integer from 1 to {cores}"):
+            Generator(tiny_folder(), mode="greedy", max_length=32, threads=threads)
+    assert Generator(tiny_folder(), mode="greedy", max_length=32, threads=cores).device.threads == cores
+
+
+def test_prefill_chunk_is_capped_by_the_context(capsys):
+    one_line_error(capsys, generate(tiny_folder(), "--prefill-chunk", "100000000"), "prefill chunk",
+                   "context length 4096", "got 100000000")
+    one_line_error(capsys, generate(tiny_folder(), "--prefill-chunk", "0"), "prefill chunk", "got 0")
+    with pytest.raises(DriverError, match="prefill chunk"):
+        Generator(tiny_folder(), mode="greedy", max_length=32, prefill_chunk=4097, threads=1)
+    # within the context but past max_length: buffers sized for max_length, the rows a prompt can fill
+    gen = Generator(tiny_folder(), mode="greedy", max_length=32, prefill_chunk=4096, threads=1)
+    assert gen.prefill_chunk == 32 and gen.main.logits.shape[1] == 32
+
+
+def test_a_prompt_that_is_not_utf8_is_a_one_line_error(capsys, greedy):
+    prompt = os.fsdecode(b"hi\xff\xfe")  # what Python makes of such bytes in argv: lone surrogates
+    one_line_error(capsys, ["generate", "--model", str(tiny_folder()), "--prompt", prompt], "not valid UTF-8",
+                   "byte 0xff")
+    with pytest.raises(DriverError, match="not valid UTF-8"):
+        greedy.generate("\ud800 lone", 2)
+
+
+def test_token_ids_are_checked_against_the_vocabulary(greedy):
+    vocab = greedy.folder.vocab_size
+    for bad in ([-1], [5, vocab], [vocab + 10**6]):
+        with pytest.raises(DriverError, match=f"outside the vocabulary \\(0 to {vocab - 1}\\)"):
+            greedy.generate(bad, 2)
+    for bad in ([1.5], ["7"], [True]):
+        with pytest.raises(DriverError, match="token ids must be integers"):
+            greedy.generate(bad, 2)
+    ids = greedy.encode("def main():")
+    assert greedy.generate(np.array(ids), 3).tokens == greedy.generate(ids, 3).tokens
+
+
+# -- genai_config.json ------------------------------------------------------------------------------
+
+
+def _set(section: str, key: str, value):
+    def change(model):
+        target = model
+        for part in filter(None, section.split(".")):
+            target = target[part]
+        target[key] = value
+    return change
+
+
+@pytest.mark.parametrize("section,key,value,expected", [
+    ("", "eos_token_id", "abc", "a token id or a list of token ids"),
+    ("", "eos_token_id", None, "a token id or a list of token ids"),
+    ("", "eos_token_id", {}, "a token id or a list of token ids"),
+    ("", "eos_token_id", [[1]], "a token id or a list of token ids"),
+    ("decoder.inputs", "past_key_names", 3, "a name template with %d"),
+    ("decoder.inputs", "past_conv_names", 3, "a name template with %d"),
+    ("decoder.outputs", "present_key_names", 3, "a name template with %d"),
+    ("decoder.outputs", "logits", ["logits"], "a non-empty string"),
+    ("mtp", "enabled", "no", "true or false"),
+])
+def test_config_values_of_the_wrong_type(folder, capsys, section, key, value, expected):
+    edit_config(folder, _set(section, key, value))
+    dotted = ".".join(filter(None, ("model", section, key)))
+    one_line_error(capsys, generate(folder), str(folder / CONFIG), f"'{dotted}' must be {expected}",
+                   f"got {json.dumps(value)}")
+
+
+def test_config_names_every_input_the_graph_needs(folder, capsys):
+    edit_config(folder, lambda model: model["decoder"]["inputs"].pop("past_conv_names"))
+    one_line_error(capsys, generate(folder), str(folder / "model.onnx"), "'past.0.conv'", "'model.decoder.inputs'")
+
+
+def test_config_hidden_size_must_be_the_graphs(folder, capsys):
+    edit_config(folder, _set("decoder", "hidden_size", 64))
+    one_line_error(capsys, generate(folder), "'hidden_states' has 128 columns", "'model.decoder.hidden_size' is 64")
+
+
+# -- files ------------------------------------------------------------------------------------------
+
+
+def _deny_reading(monkeypatch, denied: Path) -> None:
+    """os.access as a user who may not read or enter `denied` (root may read anything)."""
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode, **kw: Path(path) != denied and real(path, mode, **kw))
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("", "model folder {} cannot be opened"),
+    (CONFIG, "{} cannot be read"),
+    ("tokenizer.json", "{} cannot be read"),
+    ("model.onnx", "{} cannot be read"),
+    ("model.onnx.data", "external data file {} cannot be read"),
+])
+def test_unreadable_files_are_named(folder, capsys, monkeypatch, name, needle):
+    path = folder / name if name else folder
+    _deny_reading(monkeypatch, path)
+    one_line_error(capsys, generate(folder, "--mode", "greedy"), needle.format(path), "permission denied")
+
+
+def test_an_unreadable_head_blocks_only_mtp(folder, capsys, monkeypatch):
+    _deny_reading(monkeypatch, folder / "mtp.onnx.data")
+    assert main(generate(folder, "--mode", "greedy")) == 0
+    capsys.readouterr()
+    one_line_error(capsys, generate(folder), f"{folder / 'mtp.onnx.data'} cannot be read", "--mode greedy")
+
+
+def test_unreadable_data_as_a_user_without_read_permission(folder):
+    """The same check against the kernel's own permission check, not a patched os.access: root
+    reads anything, so as root the CLI runs without the capabilities that let it."""
+    (folder / "model.onnx.data").chmod(0)
+    command = [sys.executable, "-m", "driver", *generate(folder, "--threads", "1")]
+    if os.geteuid() == 0:
+        drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+        if not shutil.which("setpriv") or subprocess.run([*drop, "true"], capture_output=True).returncode:
+            pytest.skip("root here, and setpriv cannot drop the capabilities that let root read any file")
+        command = drop + command
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [f"error: {folder / 'model.onnx'}: external data file "
+                                        f"{folder / 'model.onnx.data'} cannot be read (permission denied)"]
+
+
+def test_a_missing_head_blocks_only_mtp(folder, capsys):
+    (folder / "mtp.onnx").unlink()
+    assert main(generate(folder, "--mode", "greedy")) == 0
+    capsys.readouterr()
+    one_line_error(capsys, generate(folder), "MTP head is unavailable", f"{folder / 'mtp.onnx'} is missing",
+                   "--mode greedy")
+
+
+def test_a_library_that_is_not_one_is_named(capsys, monkeypatch, tmp_path):
+    fake = tmp_path / "libfake.so"
+    fake.write_text("not a shared library")
+    monkeypatch.setenv("ORT_MTP_LIBRARY", str(fake))
+    one_line_error(capsys, generate(tiny_folder()), f"{fake} is not a usable ONNX Runtime custom-op library")
+
+
+def test_ort_prints_nothing_above_our_error(folder, capfd, monkeypatch):
+    """Session creation fails (data file cut short): ORT's logger would print its own error line."""
+    monkeypatch.delenv("DRIVER_ORT_LOG_LEVEL", raising=False)
+    with open(folder / "model.onnx.data", "r+b") as data:
+        data.truncate(1000)
+    assert main(generate(folder, "--mode", "greedy")) == 2
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {folder / 'model.onnx'}: ONNX Runtime could not"), lines
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------------
+
+_INTERRUPT_AT_CLI_IMPORT = """
+import os, runpy, signal, sys, time
+
+class InterruptAtCliImport:  # Ctrl-C while the CLI's modules load
+    def find_spec(self, name, path=None, target=None):
+        if name == "driver.cli":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+
+sys.meta_path.insert(0, InterruptAtCliImport())
+sys.argv = ["driver", "generate", "--prompt", "x"]
+runpy.run_module("driver", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_ctrl_c_while_starting_exits_130_quietly():
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_AT_CLI_IMPORT], capture_output=True, text=True, cwd=REPO,
+                          timeout=25)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
+
+
+def test_ctrl_c_while_generating_exits_130_without_a_traceback(capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Generator, "generate", interrupted)
+    assert main(generate(tiny_folder())) == 130
+    assert "Traceback" not in capsys.readouterr().err
