@@ -17,6 +17,8 @@ import json
 import os
 from pathlib import Path
 
+from ops.staging import check_output, staged_folder
+
 from .config import ConfigError
 
 LINKED = ("mtp.onnx", "mtp.onnx.data", "model.onnx.data", "tokenizer.json", "tokenizer_config.json")
@@ -32,6 +34,7 @@ def write_head_folder(folder: str | os.PathLike, out: str | os.PathLike) -> Path
     mtp = model.pop("mtp", None)
     if mtp is None:
         raise ConfigError(f"{folder} has no MTP head (no 'mtp' section in genai_config.json)")
+    check_output(out, source=folder)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"output {out} exists and is not an empty folder")
     decoder = model["decoder"]
@@ -39,9 +42,9 @@ def write_head_folder(folder: str | os.PathLike, out: str | os.PathLike) -> Path
     decoder["num_hidden_layers"] = mtp["num_hidden_layers"]
     decoder["inputs"] = dict(mtp["inputs"])
     decoder["outputs"] = dict(mtp["outputs"])
-    out.mkdir(parents=True, exist_ok=True)
-    for name in LINKED:
-        if (folder / name).exists():
-            os.symlink(folder / name, out / name)
-    (out / "genai_config.json").write_text(json.dumps(config, indent=4))
+    with staged_folder(out) as staging:  # the folder appears complete, or not at all
+        for name in LINKED:
+            if (folder / name).exists():
+                os.symlink(folder / name, staging / name)
+        (staging / "genai_config.json").write_text(json.dumps(config, indent=4))
     return out

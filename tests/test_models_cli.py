@@ -176,3 +176,15 @@ def test_head_folder_errors(tmp_path):
 def test_sweep_rejects_bad_values():
     assert_one_line_error(run("sweep", "--preset", "tiny", "--mtp-noise", "a,b"), "--mtp-noise")
     assert_one_line_error(run("sweep", "--preset", "nope", "--mtp-noise", "0.1"), "unknown preset")
+
+
+def test_head_folder_is_never_written_inside_the_model_folder(tmp_path):
+    import json
+
+    from models.head_folder import write_head_folder
+    from ops.staging import OutputError
+
+    (tmp_path / "genai_config.json").write_text(json.dumps({"model": {"decoder": {}, "mtp": {"filename": "mtp.onnx"}}}))
+    with pytest.raises(OutputError, match="inside the source folder"):
+        write_head_folder(tmp_path, tmp_path / "head")
+    assert [p.name for p in tmp_path.iterdir()] == ["genai_config.json"]
