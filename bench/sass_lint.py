@@ -12,8 +12,8 @@ every uniform register (URn) read by an instruction but written by none, and eve
 
 It also lists every function that touches local memory (STL/LDL: a stack frame, spilled registers).
 For the GEMV kernels that is a cost even when the spill sits outside the main loop: an 8-byte frame
-(one spill before the loop, one reload after it) made the tiles kernel 6% slower on the chain (device
-lab run 17). Functions whose name matches --no-local (a regular expression) fail the check (exit 1)
+(one spill before the loop, one reload after it) made the tiles kernel 6% slower on the chain
+(docs/kernels.md#multi-token-kernels). Functions whose name matches --no-local (a regular expression) fail the check (exit 1)
 when they touch local memory; the others are listed only.
 
 It disassembles with cuobjdump (--cuobjdump, else $CUDA_HOME/bin, PATH, /usr/local/cuda/bin). Uniform registers are

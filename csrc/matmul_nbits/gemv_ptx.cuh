@@ -40,39 +40,21 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 // registers as its memory descriptor (UR0/UR1 in cuobjdump's listing) that nothing in the kernel
 // writes, while the policy it built sits in other registers (the sm_80 code of the same source names
 // the right ones). Every call of the tensor-core kernel died with error 715, "an illegal instruction was
-// encountered" (device run 1). The same ptxas bug is reported for Marlin (IST-DASLab/marlin#44, CUDA
-// 13.1). bench/sass_lint.py checks built code for descriptors that nothing writes.
+// encountered". The same ptxas bug is reported for Marlin (IST-DASLab/marlin#44, CUDA 13.1).
+// bench/sass_lint.py checks built code for descriptors that nothing writes (docs/kernels.md#launch-and-pdl).
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// The same copy with an L2 prefetch-size hint (.L2::256B, sm_80+): on a miss the L2 fetches the whole
-// naturally aligned 256-byte block around the 16 bytes. The tensor-core kernel reads 128 bytes of a
-// weight row per stage, so with the hint DRAM sees 256-byte runs per row and the next stage's copy of
-// that row finds its bytes in L2. (An encoding, LDGSTS...LTC256B, not a cache policy register: not
-// the mis-encoded form described above; bench/sass_lint.py checks the built code either way.)
-__device__ __forceinline__ void CpAsync16L2Prefetch256(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-
-// 4-, 8- or 16-byte copy (the scales of one row and stage). cp.async.cg only takes 16 bytes.
-// kPrefetch: the .L2::256B hint (a row's scales for several stages come in one DRAM request).
-template <int kBytes, bool kPrefetch = false>
+// 4-, 8- or 16-byte copy (the scales of one row and stage). cp.async.cg only takes 16 bytes; the
+// smaller copies exist only as .ca (through L1).
+template <int kBytes>
 __device__ __forceinline__ void CpAsyncSmall(uint32_t dst, const void* src, bool valid) {
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
   const int src_bytes = valid ? kBytes : 0;
-  if constexpr (kBytes == 16 && kPrefetch) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-                 : "memory");
-  } else if constexpr (kBytes == 16) {
+  if constexpr (kBytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-  } else if constexpr (kPrefetch) {
-    asm volatile("cp.async.ca.shared.global.L2::256B [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes),
-                 "r"(src_bytes)
-                 : "memory");
   } else {
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_bytes)
                  : "memory");
@@ -86,32 +68,10 @@ __device__ __forceinline__ void CpAsyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
-// cp.async.wait_group with a run-time count (the pipeline depth is chosen at launch): wait_group takes
-// only an immediate, so a uniform switch picks it. `pending` is 0..10 (stages - 2, stages <= 12).
-__device__ __forceinline__ void CpAsyncWaitPending(int pending) {
-  switch (pending) {
-    case 0: CpAsyncWait<0>(); break;
-    case 1: CpAsyncWait<1>(); break;
-    case 2: CpAsyncWait<2>(); break;
-    case 3: CpAsyncWait<3>(); break;
-    case 4: CpAsyncWait<4>(); break;
-    case 5: CpAsyncWait<5>(); break;
-    case 6: CpAsyncWait<6>(); break;
-    case 7: CpAsyncWait<7>(); break;
-    case 8: CpAsyncWait<8>(); break;
-    case 9: CpAsyncWait<9>(); break;
-    default: CpAsyncWait<10>(); break;
-  }
-}
-
 // Hides a value's origin from the compiler, so that it keeps a per-thread constant (an address offset)
 // in a register instead of recomputing it from threadIdx in every loop iteration (it did: ~30 extra
 // instructions per chunk in the tensor-core kernel's main loop).
 __device__ __forceinline__ void KeepInRegister(uint32_t& v) { asm volatile("" : "+r"(v)); }
-
-__device__ __forceinline__ void StShared128Zero(uint32_t addr) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
-}
 
 // Four 8x8 matrices of 16-bit elements. Lanes 8i..8i+7 give the row addresses of matrix i (16 bytes
 // each); lane (g = lane / 4, t = lane % 4) receives bytes [4t, 4t + 4) of row g of matrix i in d[i].

@@ -1,7 +1,9 @@
-// The fallback fast MatMulNBits kernel (ORT_MTP_GEMV_VARIANT=simt): CUDA cores only, no tensor cores,
-// no cp.async pipeline, no clusters, no inline PTX beyond the int4 conversion the tensor-core kernel
-// also uses. It exists so that a device run can still measure a fast path if the tensor-core design
-// fails there, and as a simple baseline for it.
+// A CUDA-core MatMulNBits kernel, run only with ORT_MTP_GEMV_VARIANT=simt: no tensor cores, no cp.async
+// pipeline, no inline PTX beyond the int4 conversion the tensor-core kernels also use. The default
+// dispatch never picks it, and no supported GPU needs it: on sm_80 and sm_90 (and newer GPUs through
+// PTX) every problem the tensor-core kernels take (K a multiple of their chunk, aligned buffers) goes
+// to them and the rest to the general kernel. It was the fallback kept in case the tensor-core design
+// failed on the device; it stays while the GPU checks test it (groups smoke-simt and decode-simt).
 //
 // Takes: fp16/bf16, 4 bits, block size 32..256 (power of two), no or packed zero points, K a multiple of
 // 32, 16-byte aligned A and B. Everything else goes to the general kernel.
@@ -23,7 +25,7 @@
 // sums are added in warp order; then bias; one rounding. kTok (chosen from M) only decides which
 // tokens share a pass, so row i of an M-row call is bit-identical to the M = 1 call on row i.
 //
-// Cost, for the notes: per weight ~1.2 instructions to (q - z) (lop3 + f16x2 sub/fma per pair), 1
+// Cost: per weight ~1.2 instructions to (q - z) (lop3 + f16x2 sub/fma per pair), 1
 // conversion to fp32, then 1 fmaf per token: ~3.5 issue slots per weight at M = 1 (bandwidth-bound on
 // an H200, narrowly), ~2.5 + M beyond, so M >= 3 is bound by the FMA rate, not by HBM.
 #pragma once

@@ -1,15 +1,16 @@
-// The fast MatMulNBits kernel (version 3, "stream"): int4 weights, fp16/bf16 activations, M = 1..16
-// tokens per pass, on the tensor cores with the tokens as the narrow (n = 8 or 16) side of
-// mma.m16n8k16.
+// The fast MatMulNBits kernel ("stream", MatMulNBits' own row-major layout): int4 weights, fp16/bf16
+// activations, M = 1..16 tokens per pass, on the tensor cores with the tokens as the narrow (n = 8 or
+// 16) side of mma.m16n8k16. The design decisions and their measurements: docs/kernels.md.
 //
 // Why the tensor cores even at M = 1: decode-consistency. Row i of an M-row call must be bit-identical
 // to the M = 1 call on row i, so every M runs the same arithmetic, and at M = 16 CUDA-core FMAs would
 // need ~3.5x the HBM time. An mma output element depends only on its own row of A and column of B, so
-// which column a token occupies (or what the other columns hold) does not change its result.
+// which column a token occupies (or what the other columns hold) does not change its result
+// (docs/kernels.md#decode-consistency).
 //
-// What version 2 (one pipeline per block, a barrier per chunk; bench/NOTES.md) taught: an SM held
-// 10-12 warps that waited on each other and the kernel ran at 38% of the copy ceiling whatever its
-// pipeline depth. Here every warp is its own pipeline:
+// Why every warp is its own pipeline: one pipeline per block with a barrier per chunk held 10-12 warps
+// per SM that waited on each other and ran at 38% of the copy ceiling whatever its pipeline depth
+// (docs/kernels.md#warp-pipelines). Here:
 //   * a warp owns one m-tile of 16 weight rows and one K-part (a contiguous run of chunks of kKC
 //     k-values). Its private ring of kStreamStages stages in shared memory is filled by cp.async (16
 //     rows x kKC/2 bytes of weights, and the rows' scales) and read by ldmatrix; the only
@@ -30,10 +31,10 @@
 // k on exact (q - z) values starting from zero; acc = fma(scale, block_sum, acc) in ascending block
 // order within the K-part; K-parts added in order; + bias; one rounding.
 //
-// Measured (bench/gemv.py through ORT, H200, device run 17; bench/NOTES.md versions 3-3.4): the chain
-// of 4 x (5120->17408, 17408->5120) at M = 1 in 127.9 us (74% of the copy ceiling; v2 252 us), at
-// M = 8 in 152.2, the 248320 x 5120 lm_head at M = 1 in 183.5 us (92%). gemv_tiles.cuh is this kernel
-// on regrouped weights.
+// Measured through ORT on an H200 (bench/gemv.py): the chain of 4 x (5120->17408, 17408->5120) at
+// M = 1 at 74% of the copy ceiling (twice the speed of the block-wide pipeline), M = 8 at ~1.17x the
+// M = 1 time, the 248320 x 5120 lm_head at M = 1 at 92%. gemv_tiles.cuh is this kernel on regrouped
+// weights.
 #pragma once
 #include <algorithm>
 
@@ -55,8 +56,9 @@ struct StreamParams : GemvOperands {  // zero_points: packed int4 (read only by 
 };
 
 constexpr int kStreamMaxWarps = 16;  // 512 threads: the compiler may use up to 128 registers
-// 2 chunks in flight per warp. Slower (bench/NOTES.md): 4 stages (device lab run 23); the stage refilled
-// before the wait for the next chunk instead of after it, 3 chunks in flight while a warp waits (lab run 41).
+// 2 chunks in flight per warp. Slower: 4 stages (+5% on the chain at M = 1, +19% at M = 8: the rings
+// take the L1 the activations are cached in); the stage refilled before the wait for the next chunk
+// instead of after it, 3 chunks in flight while a warp waits (+4%). docs/kernels.md#warp-pipelines.
 constexpr int kStreamStages = 3;
 
 // kActRing: the stage also holds the chunk's activations of a single token (the M = 1 kernels,
@@ -82,8 +84,8 @@ struct StreamConfig {
   static_assert(kRedBytes <= kWarpBytes, "the epilogue reuses the ring");
 };
 
-// How a problem is cut into blocks (PlanStream in matmul_nbits_cuda.cu with its constants;
-// bench/gemv_lab.cu with others): K-parts so that the m-tiles x K-parts give ~warps_per_sm warps per
+// How a problem is cut into blocks (PlanStream and PlanTiles in matmul_nbits_cuda.cu with its
+// constants; docs/kernels.md#k-split): K-parts so that the m-tiles x K-parts give ~warps_per_sm warps per
 // SM (each K-part at least 2 chunks), m-tiles per block so that a block has >= min_block_warps warps;
 // fewer K-parts while the grid would need a second wave, unless N alone needs several (the lm_head).
 // resident(warps, blocks) sets how many blocks of that many warps fit on an SM and returns an error
@@ -93,8 +95,8 @@ struct StreamConfig {
 // (the 27B gate_up: 544 blocks of 2 m-tiles x 2 K-parts, 4 or 5 per SM). Blocks of W warps in two
 // shapes, most with kparts + 1 K-parts and alt_blocks with kparts (more m-tiles each), can fill every
 // slot with less per-SM imbalance (gate_up: 496 blocks of 2 x 3 and 32 of 3 x 2, 4 per SM, the most
-// loaded SM 9 m-tiles instead of 10: 20.5 -> 17.5 us per launch, device lab run 13). The cut takes
-// them when their most loaded SM (blocks dealt to SMs in index order) holds fewer m-tiles.
+// loaded SM 9 m-tiles instead of 10: ~15% less time per gate_up launch, ~5% on the chain). The cut
+// takes them when their most loaded SM (blocks dealt to SMs in index order) holds fewer m-tiles.
 struct StreamCut {
   int tiles = 0;       // m-tiles (16 rows) per block
   int kparts = 1;      // K-parts per m-tile: warps per block = tiles * kparts
@@ -243,11 +245,12 @@ __device__ __forceinline__ void WaitForActivations(const StreamParams& p, const 
 // The M = 1 kernels (kActRing) take their activations through the ring, beside the chunk's weights,
 // instead of loading them from global memory at the top of each chunk. There each chunk's first mma
 // waited on activations from L2 issued a few instructions earlier (Nsight Compute: ~43% of the stall
-// samples at M = 1), and no register was left to load them a chunk ahead (bench/NOTES.md, lab runs
-// 24-27). In the ring they arrive with the weights, kStreamStages - 1 chunks ahead, and are read per
-// unit from shared memory. One token's kKC * 2 bytes per stage fit beside the rings of the plan's 24
-// warps per SM (eight tokens' would not). The arithmetic is the 8-token kernel's (the same mma on the
-// same values in the same order), so rows stay bit-identical across M.
+// samples at M = 1), and no register was left to load them a chunk ahead. In the ring they arrive
+// with the weights, kStreamStages - 1 chunks ahead, and are read per unit from shared memory: ~12% off
+// the tiles kernel's chain at M = 1, ~4% off this kernel's (docs/kernels.md#m1-ring). One token's
+// kKC * 2 bytes per stage fit beside the rings of the plan's 24 warps per SM (eight tokens' would
+// not). The arithmetic is the 8-token kernel's (the same mma on the same values in the same order),
+// so rows stay bit-identical across M.
 template <typename T, int kKC>
 struct RingActivations {
   static constexpr int kBytes = kKC * 2;
@@ -288,8 +291,9 @@ struct RingActivations {
 // activations, with kActRing and with_act). The first kStreamStages - 1 chunks are issued without
 // activations, then WaitForActivations (the weights load while the previous kernel finishes), then,
 // with kActRing, those chunks' activations (RingActivations::First; c_count: chunks of the warp's run).
-// Two chunks before the wait are the best of 0-3 (lab run 41: M=1 chain 131, 118, 111, 116 us): fewer
-// leave the memory idle at the kernel boundary, more delay the activations queued behind them.
+// Two chunks before the wait are the best of 0-3 (with 0, 1 or 3 the chain at M = 1 takes 18%, 6% or
+// 5% longer): fewer leave the memory idle at the kernel boundary, more delay the activations queued
+// behind them (docs/kernels.md#launch-and-pdl).
 template <typename T, int kNT, bool kActRing, int kKC, typename Issue>
 __device__ __forceinline__ void StartRun(Issue& issue, const StreamParams& p, const WarpTask& w, const T* (&arow)[kNT],
                                          RingActivations<T, kKC>& ract, uint32_t ring, int stage_bytes,
@@ -338,10 +342,10 @@ __device__ __forceinline__ void SumKPartsAndStore(const StreamParams& p, const W
 
 // The warp's task as the epilogue gets it. The 8-token kernels rebuild it after the main loop instead
 // of keeping it live across it: kept live, it gave the 8-token tiles kernel a stack frame (8 bytes, one
-// spill before the loop and one reload after it) and that frame alone cost 6% on the chain (device lab
-// run 17: 131.0 -> 123.0 us). The 16-token kernels keep it: rebuilt there, the fp16 and bf16 block-32
-// tiles kernels got a spill inside the loop instead. bench/sass_lint.py lists every kernel that
-// touches local memory (bench/device_run.sh fails on it for the fp16 block-32 kernels).
+// spill before the loop and one reload after it) and that frame alone cost ~6% on the chain. The
+// 16-token kernels keep it: rebuilt there, the fp16 and bf16 block-32 tiles kernels got a spill inside
+// the loop instead. bench/sass_lint.py lists every kernel that touches local memory
+// (bench/device_run.sh fails on it for the fp16 block-32 kernels; docs/kernels.md#multi-token-kernels).
 template <int kNT>
 __device__ __forceinline__ WarpTask EpilogueTask(const StreamParams& p, const WarpTask& loop_task) {
   if constexpr (kNT == 1) {
@@ -354,7 +358,8 @@ __device__ __forceinline__ WarpTask EpilogueTask(const StreamParams& p, const Wa
 // Register caps of the 8-token kernels, at what each needs without spilling: left alone, the compiler
 // keeps the copy addresses' per-pass offsets in registers and the fp16 block-32 kernel takes 84, i.e.
 // 20 warps per SM instead of 24 (80 = 25 warps' worth, 81 = 23). Caps below need (72 or 64 for that
-// kernel) spilled and ran 5-30% slower (device lab run 8). The 16-token kernels may use up to 128.
+// kernel) spilled and ran 5-30% slower. The 16-token kernels may use up to 128
+// (docs/kernels.md#multi-token-kernels).
 template <int kKC, int kNT, bool kZp>
 constexpr int StreamMaxRegs() {
   if (kNT != 1) return 128;
@@ -383,8 +388,9 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
   // Copy assignment: pass j copies row r = j * kRowsPerPass + lane / kUnits of the tile, unit lane %
   // kUnits. Rows the block does not own are zero-filled (no read). The copies walk running pointers
   // and a rotating stage address, and the swizzled destinations repeat every kSwizzlePeriod passes,
-  // so they are kept in registers: rebuilding every address from the chunk index cost ~70 instructions
-  // per chunk (3.5% of the chain's time, device lab run 13).
+  // so they are kept in registers: rebuilding every address from the chunk index cost ~30 more
+  // instructions per chunk in the main loop (357 against 328) and ~3.5% of the chain's time
+  // (docs/kernels.md#warp-pipelines).
   constexpr int kRowsPerPass = 32 / Cfg::kUnits;
   constexpr int kPasses = Cfg::kPieces / 32;
   constexpr int kSwizzlePeriod = Cfg::kUnits >= 8 ? 8 / kRowsPerPass : 1;  // SwizzleUnit: row & 7, or (row >> 1) & 3
@@ -460,9 +466,9 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__((StreamMaxRe
     const int chunk = c_begin + i;
     const int64_t k0 = static_cast<int64_t>(chunk) * kKC;
     // The whole chunk's activations at its top: their latency overlaps the wait and the first unit's
-    // work. Loaded per unit pair instead they cost ~25% at M = 8 (device lab run 2) and, although that
-    // saves 46 registers at 16 tokens, 10-50% at M = 16 (lab run 7). The M = 1 kernel reads them
-    // from the stage per unit pair instead (RingActivations).
+    // work. Loaded per unit pair instead they cost ~25% at M = 8 and, although that saves 46 registers
+    // at 16 tokens, 10-50% at M = 16 (docs/kernels.md#multi-token-kernels). The M = 1 kernel reads
+    // them from the stage per unit pair instead (RingActivations).
     uint4 act[kNT][Cfg::kUnits];
     if constexpr (!kActRing) {
 #pragma unroll

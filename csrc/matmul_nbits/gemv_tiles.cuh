@@ -8,14 +8,13 @@
 //     hands out pairs of adjacent k, the activations' own pairs: no byte permutes (PRMT);
 //   * a chunk's scales are one 64..256-byte block, copied 16 bytes a lane with cp.async.cg, which
 //     bypasses L1 (8-byte copies can only go through it, where they took room from the activations
-//     of M >= 2: without ORT M = 2 and 4 ran 2-3% slower with them, device lab run 33; through ORT the
-//     difference was within run-to-run spread, device run 18).
-// Measured (bench/gemv.py through ORT, device run 18; bench/NOTES.md versions 3.2-3.5): the main loop
-// 276 instructions per chunk (271 at M=1) instead of the stream kernel's 330; chain 4 x (5120->17408,
-// 17408->5120) at M=1 112.8 us instead of 129.2 (84.3% of the copy ceiling; the activations through
-// the ring, RingActivations), 140.1 instead of 150.5 at M=8; lm_head 172.6 instead of 184.8 at M=1
-// and 290.3 instead of 353.3 at M=16. Until version 3.3 an 8-byte stack frame (one spill before the
-// loop, one reload after) cost it 6%; EpilogueTask (gemv_stream.cuh) removed it (lab run 17).
+//     of M >= 2: without ORT M = 2 and 4 ran 2-3% slower with them; through ORT the difference was
+//     within run-to-run spread).
+// Measured through ORT on an H200 (bench/gemv.py), against the stream kernel on the same weights: the
+// chain 4 x (5120->17408, 17408->5120) ~13% faster at M = 1 (84% of the copy ceiling, with the
+// activations through the ring, RingActivations) and ~7% at M = 8; the lm_head ~7% faster at M = 1
+// and ~18% at M = 16 (docs/kernels.md#layout). An 8-byte stack frame (one spill before the loop, one
+// reload after) once cost it ~6%; EpilogueTask (gemv_stream.cuh) keeps it out.
 //
 // Arithmetic of one (row, token) result, fixed for every M: per quant block, mma k-steps over its
 // 32-k units in ascending order on exact (q - 8) values starting from zero (within a step the k order
@@ -98,9 +97,10 @@ __global__ void __launch_bounds__(32 * kStreamMaxWarps) __maxnreg__(kNT == 1 ? 8
     // The chunk's activations at its top (as in the stream kernel; the M = 1 kernel reads them from
     // the stage per half instead): lane (g, t) holds k 8t..8t+7 of each unit for token g, in the
     // natural pairs the conversion hands out. These loads are all that M = 2..8 pay over M = 1: without
-    // them the chain would run at 107-108 us at every M (device lab run 44). Every way tried of getting
-    // them here earlier was slower: L1 prefetches, per-warp or shared stages a chunk ahead, larger
-    // blocks that share them (lab runs 26-34 and 45-47, bench/NOTES.md).
+    // them (a measurement with wrong results) the chain runs flat in M = 2..8, a little under the M = 1
+    // kernel's time; with them M = 8 takes ~1.24x the M = 1 time (docs/kernels.md#multi-token-kernels).
+    // Every way tried of getting them here earlier was slower: L1 prefetches, per-warp or shared stages
+    // a chunk ahead, larger blocks that share them (docs/kernels.md#what-was-tried-and-lost).
     uint4 act[kNT][kUnits];
     if constexpr (!kActRing) {
 #pragma unroll

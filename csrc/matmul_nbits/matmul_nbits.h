@@ -41,7 +41,8 @@ constexpr int kTileK = 256;
 constexpr int kTileBytes = kTileRows * kTileK / 2;
 
 // kTiles: byte of B and nibble shift (0 or 4) holding element (n, k); index of scale (n, block). The one
-// C++ statement of the map: the CPU kernel reads by it, bench/lab/gemv_repacked.cuh writes by it.
+// C++ statement of the map: the CPU kernel reads by it; ops.packing writes the same map in numpy, and
+// tests/test_packing.py checks that the two agree (docs/kernels.md#layout says why this layout).
 ORT_MTP_HOST_DEVICE inline int64_t TilesByte(int64_t K, int64_t n, int64_t k, int& shift) {
   constexpr int kPos[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // nibble position of a word's k-th element
   const int64_t tile_chunk = (n / kTileRows) * (K / kTileK) + k / kTileK;

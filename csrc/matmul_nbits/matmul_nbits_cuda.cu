@@ -5,14 +5,18 @@
 //                     and scales.
 //   gemv_stream.cuh   tensor-core kernel, the fast path: fp16/bf16, 4 bits, block 32..256, no or packed
 //                     zero points, K a multiple of the chunk (128..512), 16-byte aligned A and B.
-//   gemv_simt.cuh     CUDA-core kernel, the fallback fast path (ORT_MTP_GEMV_VARIANT=simt): fp16/bf16,
-//                     4 bits, block 32..256, no or packed zero points, K a multiple of 32, aligned A, B.
+//   gemv_simt.cuh     CUDA-core kernel, only with ORT_MTP_GEMV_VARIANT=simt (the default never picks it;
+//                     no supported GPU needs it): fp16/bf16, 4 bits, block 32..256, no or packed zero
+//                     points, K a multiple of 32, aligned A, B.
 //   gemv_generic.cuh  every other problem the op accepts (fp32, 8 bits, block 16, typed zero points,
 //                     K not a multiple of the block, odd alignment).
 //
 // The choice, the chunk size and the K-split depend on the weights' shape and layout and on the device,
 // never on M, so each row's arithmetic is the same for every M (decode-consistency). No allocation, no
-// host synchronisation: launches only, capturable in a CUDA graph.
+// host synchronisation: launches only, capturable in a CUDA graph. Every GPU the library builds for
+// (sm_80 and sm_90 machine code, newer GPUs through compute_90 PTX) runs the tensor-core kernels:
+// mma.sync, ldmatrix and cp.async need sm_80, and only programmatic dependent launch (griddepcontrol)
+// needs sm_90, which is checked at launch. Why each kernel is built as it is: docs/kernels.md.
 //
 // Knobs, read once per process (for benchmarking the variants in one device run):
 //   ORT_MTP_GEMV_VARIANT = mma (default) | simt | generic
@@ -88,9 +92,7 @@ struct DeviceInfo {
   int index = 0;  // CUDA device ordinal
   int sm_count = 0;
   int cc_major = 0;
-  int smem_per_sm = 0;         // bytes of shared memory per multiprocessor
-  int smem_per_block = 0;      // the most one block may opt into
-  int smem_reserved = 0;       // bytes the system reserves per resident block
+  int smem_per_block = 0;  // bytes of shared memory one block may opt into
 };
 
 // Multiprocessor count, compute capability and shared-memory sizes of the current device, looked up
@@ -110,9 +112,7 @@ const char* CurrentDeviceInfo(DeviceInfo& info) {
     const std::pair<int*, cudaDeviceAttr> attrs[] = {
         {&n.sm_count, cudaDevAttrMultiProcessorCount},
         {&n.cc_major, cudaDevAttrComputeCapabilityMajor},
-        {&n.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
-        {&n.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin},
-        {&n.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock}};
+        {&n.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin}};
     for (const auto& [dst, attr] : attrs)
       if ((err = cudaDeviceGetAttribute(dst, attr, device)) != cudaSuccess) return cudaGetErrorString(err);
     d = n;
@@ -168,9 +168,9 @@ struct StreamPlan {
   gemv::StreamCut cut;
 };
 
-// What the plan aims at (bench/NOTES.md, version 3; device lab runs 3-5): ~24 resident warps per SM
-// (more K-parts -> more warps, each with fewer chunks), blocks of at least 4 warps, and the whole grid
-// in one wave where N allows (a second wave of a 50 MB matrix costs ~50%).
+// What the plan aims at (docs/kernels.md#k-split): ~24 resident warps per SM (more K-parts -> more
+// warps, each with fewer chunks), blocks of at least 4 warps, and the whole grid in one wave where N
+// allows (a cut of the chain's down matrix that needed a second wave ran ~24% slower).
 constexpr int kStreamWarpsPerSm = 24;
 constexpr int kStreamMinBlockWarps = 4;
 
@@ -217,7 +217,7 @@ const char* ConfigureOnce(Kernel kernel, std::atomic<uint64_t>& configured, cons
   if (configured.load(std::memory_order_acquire) & bit) return nullptr;
   // No shared-memory carveout preference: the driver's default leaves the rest of the 256 KB to L1,
   // where the activations every warp reads are cached. Asking for the most shared memory (100) cost
-  // 2% at M = 1 and 7% at M = 8 on the chain (device lab run 12).
+  // 2% at M = 1 and 7% at M = 8 on the chain (docs/kernels.md#warp-pipelines).
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dev.smem_per_block);
   if (err != cudaSuccess) return cudaGetErrorString(err);
   configured.fetch_or(bit, std::memory_order_acq_rel);
