@@ -1,27 +1,36 @@
 #!/usr/bin/env bash
-# One device call for the CUDA kernels (bench/NOTES.md, "How to run on the device"): build, lint the
-# machine code, the smoke correctness groups, the GEMV benchmark, the full correctness groups, then
-# the M-dependent indexing of the tensor-core kernel under compute-sanitizer memcheck. Most important
-# first, so that a cut-off run still has the correctness smoke and the timings. Each step is time-boxed
-# (its own cap, and never past DEADLINE seconds after the start, default 400); expected ~5.5 minutes
-# (build ~40 s, smoke ~40 s with 4 groups at a time, gemv ~180 s, full check ~40 s, memcheck ~40 s).
+# One device call for the CUDA kernels (results: bench/results/README.md): build, lint the
+# machine code, the smoke correctness groups, the GEMV benchmark, the full correctness groups, the op
+# fuzz cases on CUDA, then the M-dependent indexing of the tensor-core kernel under compute-sanitizer
+# memcheck. Most important first, so that a cut-off run still has the correctness smoke and the
+# timings. Each step is time-boxed (its own cap, and never past DEADLINE seconds after the start,
+# default 460); expected ~6 minutes (build ~40 s, smoke ~40 s with 4 groups at a time, gemv ~180 s,
+# full check ~40 s, op fuzz ~60 s (an estimate: not timed on the device yet), memcheck ~40 s).
 # Run from the repository root after the ORT setup chunk:
 #
 #     source .device/cN/setup.sh && bash bench/device_run.sh
 #
-# Writes under $OUT: build.log, sass_lint.log, check_smoke.log + check_cuda_ops_smoke.json (+ _logs/),
-# gemv.log + gemv.json, check_full.log + check_cuda_ops.json (+ _logs/), memcheck.log +
-# check_cuda_ops_memcheck.json (+ _logs/), steps.log (seconds per step). The output ends with the check
-# summaries, the GEMV table and the targets.
+# The correctness checks are the pytest tests under tests/gpu (one process per group; their
+# conftest.py says more); on their own, on any machine with a CUDA GPU and pytest:
+#
+#     python -m pytest tests/gpu                                # every group
+#     python -m pytest tests/gpu -k smoke --sanitizer memcheck  # under compute-sanitizer
+#
+# Writes under $OUT: build.log, sass_lint.log, gemv.log + gemv.json, and for each check step
+# (check_smoke, check_full, check_fuzz, memcheck) <step>.log (pytest's output), <step>.xml (JUnit XML:
+# a testcase per group, its failure message naming the failing cases, its cases / seconds / seed as
+# properties) and <step>_logs/ (each group's <group>.log and <group>.json); steps.log (seconds per
+# step). The output ends with the checks' per-group results, the GEMV table and the targets.
 # Environment: BUILD (build folder, default /tmp/ortmtp), DEADLINE, SKIP_MEMCHECK=1, SKIP_GEMV=1,
-# GEMV_IMPLS (comma list for gemv.py --impls; default: ort, ort_fpa_intb, ours, ours_tiles).
+# SKIP_FUZZ=1, GEMV_IMPLS (comma list for gemv.py --impls; default: ort, ort_fpa_intb, ours, ours_tiles),
+# GPU_SEED (the checks' --gpu-seed; default from the clock, printed in each check log's header).
 set -u
 OUT=${OUT:-$PWD/bench/results/device_run}
 BUILD=${BUILD:-/tmp/ortmtp}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 T0=$(date +%s)
-DEADLINE=${DEADLINE:-400}
+DEADLINE=${DEADLINE:-460}
 step() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/steps.log"; }
 # cap SECONDS: the step's time limit, cut to what is left before DEADLINE (at least 10 s).
 cap() { local left=$(( DEADLINE - ($(date +%s) - T0) )); (( left < $1 )) && echo $(( left > 10 ? left : 10 )) || echo "$1"; }
@@ -36,14 +45,31 @@ fi
 export ORT_MTP_LIBRARY="$BUILD/libort_mtp_ops.so"
 
 step "sass_lint (uniform registers read but never written: the error-715 pattern of run 1; local memory)"
-# The fp16 block-32 GEMV kernels (the 27B benchmark's) must not touch local memory (lab run 17).
+# The fp16 block-32 GEMV kernels (the 27B benchmark's) must not touch local memory: a stack frame
+# cost ~6% on the chain (docs/kernels.md#multi-token-kernels).
 timeout "$(cap 30)" python3 bench/sass_lint.py "$ORT_MTP_LIBRARY" \
   --no-local 'Gemv(Tiles|Stream)KernelI6__halfLi32E' > "$OUT/sass_lint.log" 2>&1
 echo "sass_lint exit $? ($(tail -1 "$OUT/sass_lint.log"))"
 
-step "smoke check (one process per kernel path)"
-timeout -k 5 "$(cap 100)" python3 bench/check_cuda_ops.py --smoke --jobs 4 --group-timeout 80 > "$OUT/check_smoke.log" 2>&1
-echo "smoke check exit $?"
+# checks NAME CAP GROUP_TIMEOUT JOBS PYTEST_ARGS...: the tests/gpu groups PYTEST_ARGS select, JOBS at a
+# time, as step NAME (files above). timeout's SIGTERM stops pytest cleanly: the XML keeps the groups
+# that finished and the running groups' processes are killed.
+checks() {
+  local name=$1 limit=$2 group_timeout=$3 jobs=$4; shift 4
+  COLUMNS=250 timeout -k 5 "$(cap "$limit")" python3 -m pytest tests/gpu -v -rA -p no:cacheprovider \
+    --gpu-jobs "$jobs" --group-timeout "$group_timeout" ${GPU_SEED:+--gpu-seed "$GPU_SEED"} \
+    --junitxml "$OUT/$name.xml" --gpu-logs "$OUT/${name}_logs" "$@" > "$OUT/$name.log" 2>&1
+  echo "$name exit $? ($(tail -1 "$OUT/$name.log"))"
+}
+if ! python3 -c "import pytest" 2> /dev/null; then
+  echo "pytest is not installed: the correctness checks (tests/gpu) are skipped"
+  SKIP_CHECKS=1
+fi
+
+if [ "${SKIP_CHECKS:-0}" != 1 ]; then
+  step "smoke check (one process per kernel path)"
+  checks check_smoke 100 80 4 -k "smoke or copy_slots"
+fi
 
 if [ "${SKIP_GEMV:-0}" != 1 ]; then
   step "gemv benchmark"
@@ -51,22 +77,23 @@ if [ "${SKIP_GEMV:-0}" != 1 ]; then
   echo "gemv exit $?"
 fi
 
-step "full check (random cases, decode-consistency, CUDA graph)"
-timeout -k 5 "$(cap 100)" python3 bench/check_cuda_ops.py --groups matmul,decode,graph,graph-plain,decode-simt \
-  --jobs 4 --group-timeout 90 > "$OUT/check_full.log" 2>&1
-echo "full check exit $?"
-
-if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
-  step "memcheck: tensor-core kernels, small cases (tokens past M, row ranges, activation copies)"
-  timeout -k 5 "$(cap 90)" python3 bench/check_cuda_ops.py --groups smoke-mma,smoke-mma-kparts,smoke-tiles \
-    --sanitizer memcheck --jobs 3 --group-timeout 85 > "$OUT/memcheck.log" 2>&1
-  echo "memcheck exit $?"
+if [ "${SKIP_CHECKS:-0}" != 1 ]; then
+  step "full check (random cases, decode-consistency, CUDA graph)"
+  checks check_full 100 90 4 -k "not smoke and not copy_slots and not op_fuzz"
+  if [ "${SKIP_FUZZ:-0}" != 1 ]; then
+    step "op fuzz on CUDA (tests/op_fuzz.py's cases: exact or ORT's error, never a crash)"
+    checks check_fuzz 90 85 2 -k op_fuzz
+  fi
+  if [ "${SKIP_MEMCHECK:-0}" != 1 ]; then
+    step "memcheck: tensor-core kernels, small cases (tokens past M, row ranges, activation copies)"
+    checks memcheck 90 85 3 -k "[smoke-mma] or [smoke-mma-kparts] or [smoke-tiles]" --sanitizer memcheck
+  fi
 fi
 step "done"
 
 echo "---- summary"
-for f in check_smoke check_full memcheck; do
-  [ -f "$OUT/$f.log" ] && { echo "[$f]"; sed -n '/^group /,$p' "$OUT/$f.log"; }
+for f in check_smoke check_full check_fuzz memcheck; do
+  [ -f "$OUT/$f.log" ] && { echo "[$f]"; sed -n '/short test summary info/,$p' "$OUT/$f.log" | cut -c1-400; }
 done
 if [ -f "$OUT/gemv.log" ]; then
   grep -E "^(ERROR|[a-z_0-9]+: FAILED|check )" "$OUT/gemv.log" | cut -c1-220 | head -20

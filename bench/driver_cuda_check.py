@@ -73,24 +73,20 @@ def prepare(dest: Path) -> None:
 
 
 def environment(provider: str) -> dict:
+    """Versions and, on CUDA, the GPU (driver.device.describe of the device the Generators use)."""
     import onnxruntime as ort
 
     import ops
+    from driver.device import describe, make_device
 
-    env = {"python": platform.python_version(), "onnxruntime": ort.__version__,
-           "providers": ort.get_available_providers(), "numpy": np.__version__, "library": ops.library_path()}
+    env = {"python": platform.python_version(), "providers": ort.get_available_providers(),
+           "library": ops.library_path(), **describe(make_device(provider))}
     try:
         import tokenizers
 
         env["tokenizers"] = tokenizers.__version__
     except ImportError:
         env["tokenizers"] = None
-    if provider == "cuda":
-        import cupy
-
-        env["cupy"] = cupy.__version__
-        props = cupy.cuda.runtime.getDeviceProperties(0)
-        env["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     return env
 
 

@@ -17,13 +17,14 @@ Workloads (int4, block 32, fp16, no zero points, fresh random non-zero data; wei
              weights stream from HBM, not the 60 MB L2), all reading the same A
   lm_head    5120 -> 248320 (715 MB), one node
 M = 1, 2, 3, 4, 6, 8, 12, 16. Every implementation runs in its own process (ORT_FPA_INTB_GEMM and
-ORT_MTP_GEMV_* are read once per process), on a torch stream shared with ORT; a measurement is the
-median over 7 samples of back-to-back graph replays timed with CUDA events (host not waiting between
-replays; the JSON also has the host's time per call, 4-13 us on the chain, and --prefill keeps the GPU
-busy while the host queues each sample: lab run 42 found no difference). GB/s counts weight + scale
-bytes. Before timing, each process saves its outputs for the same A; the parent checks ours against a
-float64 reference (sampled columns) and against ORT's default kernel, and that our rows are
-bit-identical across M.
+ORT_MTP_GEMV_* are read once per process), on the driver's CUDA device (driver/device.py: CuPy buffers,
+one stream shared with ORT); a measurement is the median over 7 samples of back-to-back graph replays
+timed with CUDA events on that stream (host not waiting between replays; the JSON also has the host's
+time per call, 4-13 us on the chain, and --prefill keeps the GPU busy while the host queues each
+sample: it made no difference, lab/NOTES.md lab run 42). GB/s counts weight + scale bytes. Before
+timing, each process saves its outputs for the same A; the parent checks ours against a float64
+reference (sampled columns) and against ORT's default kernel, and that our rows are bit-identical
+across M. --prefill's busy kernel is compiled by CuPy (NVRTC) on first use (bench/gpu_timing.py).
 """
 
 from __future__ import annotations
@@ -44,10 +45,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from ort_device import BenchError, Device, device_info, out_dir
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # ops and driver from the checkout when they are not pip-installed
 
 import ops  # noqa: E402
+from driver.device import bind, bind_host, describe, make_device, make_session  # noqa: E402
+from driver.errors import DriverError  # noqa: E402
+from gpu_timing import busy_kernel, copy_ceiling, host_seconds_per_call  # noqa: E402
 from ops import packing  # noqa: E402
+from ops.copy_slots import copy_slots_model  # noqa: E402
 
 MS = [1, 2, 3, 4, 6, 8, 12, 16]
 BLOCK = 32
@@ -61,11 +68,46 @@ IMPLS = {  # name -> (model: node domain or TILES_MODEL, environment)
     "ours": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "1"}),
     "ours_tiles": (TILES_MODEL, {"ORT_MTP_GEMV_PDL": "1"}),
     "ours_nopdl": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "mma", "ORT_MTP_GEMV_PDL": "0"}),
-    "ours_simt": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "simt"}),
     "ours_generic": (ops.DOMAIN, {"ORT_MTP_GEMV_VARIANT": "generic"}),
 }
 DEFAULT_IMPLS = ["ort", "ort_fpa_intb", "ours", "ours_tiles"]
 ENV_KEYS = ("ORT_FPA_INTB_GEMM", "ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL")
+
+
+class BenchError(RuntimeError):
+    """A setup problem reported as one line (no traceback) by main()."""
+
+
+def out_dir(explicit: str | None) -> Path:
+    """Where results go: --out, else $OUT (the device machine's return folder), else bench/results."""
+    folder = Path(explicit or os.environ.get("OUT") or ROOT / "bench" / "results")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def open_device(dry: bool):
+    """The driver's CUDA device (CuPy, one stream shared with ORT), or its CPU device for a dry run."""
+    try:
+        return make_device("cpu" if dry else "cuda", graph_capture=False)
+    except DriverError as e:
+        raise BenchError(f"{e} (or pass --cpu-dry-run)") from None
+
+
+def device_info(device) -> dict:
+    info = describe(device)
+    try:
+        info["library"] = ops.library_path()
+    except ops.LibraryNotFoundError as e:
+        raise BenchError(str(e)) from None
+    for key in ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_FPA_INTB_GEMM"):
+        if os.environ.get(key):
+            info[key] = os.environ[key]
+    return info
+
+
+def free_device_memory(device) -> None:
+    if device.name == "cuda":
+        device.xp.get_default_memory_pool().free_all_blocks()
 
 
 def workloads(dry: bool) -> list[dict]:
@@ -180,53 +222,55 @@ def activations(K: int, seed: int) -> np.ndarray:
 # ---------------------------------------------------------------------------------------------------
 # Worker: one implementation, all workloads
 
-def run_worker(plan: dict, impl: str, device: Device) -> dict:
+def run_worker(plan: dict, impl: str, device) -> dict:
+    """Runs under device.active(): every CuPy operation on the stream ORT runs on."""
     domain = IMPLS[impl][0]
-    torch = device.torch
+    xp, gpu = device.xp, device.name == "cuda"
     result = {"impl": impl, "info": device_info(device), "workloads": {}, "errors": []}
     probes = {}  # outputs for the same A, saved before timing and checked by the parent
     for w in plan["workloads"]:
         entry = result["workloads"][w["name"]] = {"M": {}}
         try:
             started = time.time()
-            session = device.session(Path(w["models"][domain]), graph=not device.cpu)
+            session = make_session(device, w["models"][domain], graph_capture=gpu)
             entry["session_seconds"] = round(time.time() - started, 2)
             out_names = [o.name for o in session.get_outputs()]
             a_all = activations(w["K"], plan["seed"])
             cols = np.asarray(w["sample_columns"])
             for M in plan["ms"]:
-                a = device.tensor(a_all[:M].astype(np.float32), "float16")
-                ys = torch.full((len(out_names), M, w["N"]), float("nan"), dtype=torch.float16, device=device.name)
+                a = xp.asarray(a_all[:M])
+                ys = xp.full((len(out_names), M, w["N"]), np.nan, dtype=np.float16)
                 binding = session.io_binding()
-                device.bind(binding, "A", a)
+                bind(binding, device, "A", a, a.shape)
                 for i, name in enumerate(out_names):
-                    device.bind(binding, name, ys[i], output=True)
-                sync_opts = device.run_options(graph_id=M)
+                    bind(binding, device, name, ys[i], ys[i].shape, output=True)
+                options = device.run_options(M)  # graph id M; the host does not wait for a run
                 for _ in range(3):  # regular run, capture, replay
-                    session.run_with_iobinding(binding, sync_opts)
+                    session.run_with_iobinding(binding, options)
                 device.synchronize()
                 y0 = ys[0]
-                finite = bool(torch.isfinite(ys).all().item())
-                picked = y0[:, torch.as_tensor(cols, device=device.name)]
+                finite = bool(xp.isfinite(ys).all())
+                picked = device.to_host(y0[:, xp.asarray(cols)])
                 key = f"{w['name']}|{M}"
-                probes[key + "|sample"] = device.numpy(picked)
-                probes[key + "|bits"] = device.bits(picked)
+                probes[key + "|sample"] = picked.astype(np.float64)
+                probes[key + "|bits"] = picked.view(np.int16)
                 if w["kind"] == "chain":
-                    probes[key + "|full"] = device.numpy(y0)
+                    probes[key + "|full"] = device.to_host(y0).astype(np.float64)
                 start = time.perf_counter()
-                session.run_with_iobinding(binding, sync_opts)
+                session.run_with_iobinding(binding, options)
                 device.synchronize()
                 estimate = time.perf_counter() - start
                 calls = int(min(100, max(3, round(plan["sample_seconds"] / max(estimate, 1e-6)))))
-                fast = device.run_options(graph_id=M, sync=False)
-                def call():
-                    session.run_with_iobinding(binding, fast)
 
-                # --prefill: the GPU asleep while the host queues the calls (2 x the estimate's time at 2 GHz).
-                prefill = int(2 * calls * estimate * 2e9) if plan.get("prefill") and not device.cpu else 0
-                samples = device.time_per_call(call, calls, plan["reps"], prefill_cycles=prefill)
+                def call():
+                    session.run_with_iobinding(binding, options)
+
+                # --prefill: the GPU busy while the host queues the calls (2 x the estimate's time at 2 GHz).
+                prefill = int(2 * calls * estimate * 2e9) if plan.get("prefill") and gpu else 0
+                samples = device.time_per_call(call, calls, plan["reps"],
+                                               before=(lambda: busy_kernel(device, prefill)) if prefill else None)
                 entry["M"][str(M)] = {"seconds": float(np.median(samples)), "samples": samples, "calls": calls,
-                                      "host_seconds_per_call": device.host_seconds_per_call(call, calls),
+                                      "host_seconds_per_call": host_seconds_per_call(device, call, calls),
                                       "finite": finite}
                 del binding, ys, a
             del session
@@ -235,17 +279,17 @@ def run_worker(plan: dict, impl: str, device: Device) -> dict:
             result["errors"].append({"workload": w["name"], "error": entry["error"],
                                      "traceback": traceback.format_exc()[-3000:]})
         gc.collect()
-        if not device.cpu:
-            torch.cuda.empty_cache()
+        free_device_memory(device)
     np.savez(plan["probe_prefix"] + f"{impl}.npz", **probes)
     return result
 
 
-def run_copy_slots_worker(device: Device, dry: bool) -> dict:
+def run_copy_slots_worker(device, dry: bool) -> dict:
     """CopySlots over the 27B model's 48 linear-attention layers (conv [W,1,10240,3] and recurrent
     [W,1,48,128,128] states): promote slot 1 -> W-1 in place, and snapshot the unwindowed state
-    ([1, ...], whole copies into separate buffers), each one launch under ORT's CUDA graph."""
-    torch = device.torch
+    ([1, ...], whole copies into separate buffers), each one launch under ORT's CUDA graph.
+    Runs under device.active()."""
+    xp, gpu = device.xp, device.name == "cuda"
     layers, W = (4, 4) if dry else (48, 4)
     conv, rec = ((1, 64, 3), (1, 4, 16, 16)) if dry else ((1, 10240, 3), (1, 48, 128, 128))
     results = {}
@@ -255,37 +299,35 @@ def run_copy_slots_worker(device: Device, dry: bool) -> dict:
             specs = []
             for _ in range(layers):
                 specs += [("float16", (lead,) + conv), (rec_dtype, (lead,) + rec)]
-            from check_cuda_ops import copy_slots_model  # one definition of the model
             model = copy_slots_model([(d, s, s) for d, s in specs])
-            bufs = [torch.randn(s, device=device.name).to(getattr(torch, d)) for d, s in specs]
-            outs = bufs if mode.startswith("promote") else [torch.empty_like(b) for b in bufs]
+            bufs = [xp.random.standard_normal(s).astype(d) for d, s in specs]
+            outs = bufs if mode.startswith("promote") else [xp.empty_like(b) for b in bufs]
             slots = np.asarray((1, W - 1) if mode.startswith("promote") else (-1, -1), dtype=np.int64)
-            graph = not device.cpu
+            graph = gpu
             for attempt in range(2):  # under ORT's CUDA graph; without it if capture is refused
                 try:
-                    session = device.session(model, graph=graph)
+                    session = make_session(device, model, graph_capture=graph)
                     binding = session.io_binding()
-                    binding.bind_input("slots", "cpu", 0, np.int64, [2], slots.ctypes.data)
+                    bind_host(binding, "slots", slots)
                     for i, (b, o) in enumerate(zip(bufs, outs)):
-                        device.bind(binding, f"src_{i}", b)
-                        device.bind(binding, f"dst_{i}", b)
-                        device.bind(binding, f"out_{i}", o, output=True)
+                        bind(binding, device, f"src_{i}", b, b.shape)
+                        bind(binding, device, f"dst_{i}", b, b.shape)
+                        bind(binding, device, f"out_{i}", o, o.shape, output=True)
                     for _ in range(3):
-                        session.run_with_iobinding(binding, device.run_options(graph_id=1 if graph else None))
+                        session.run_with_iobinding(binding, device.run_options(1 if graph else None))
                     device.synchronize()
                     break
                 except Exception as e:
                     if not graph:
                         raise
                     graph_error, graph = f"{type(e).__name__}: {e}"[:500], False
-            fast = device.run_options(graph_id=1 if graph else None, sync=False)
+            fast = device.run_options(1 if graph else None)  # the host does not wait for a run
             samples = device.time_per_call(lambda: session.run_with_iobinding(binding, fast), 50, 7)
-            moved = sum(b[0].numel() * b.element_size() for b in bufs) if mode.startswith("promote") else \
-                sum(b.numel() * b.element_size() for b in bufs)
+            moved = sum(b[0].nbytes for b in bufs) if mode.startswith("promote") else sum(b.nbytes for b in bufs)
             t = float(np.median(samples))
             results[f"{mode}, {label}"] = {"tensors": len(bufs), "bytes_copied": moved, "us": t * 1e6,
                                            "GBps_read_plus_write": 2 * moved / t / 1e9, "cuda_graph": graph}
-            if not graph and not device.cpu:
+            if not graph and gpu:
                 results[f"{mode}, {label}"]["cuda_graph_error"] = graph_error
             del session, binding, bufs, outs
             gc.collect()
@@ -446,7 +488,7 @@ def format_table(plan: dict, table: dict, impls: list[str]) -> str:
     """us per run for every implementation; for ours also GB/s, % of the copy ceiling, and its time
     over our M=1 time and over ORT default's time at the same M (< 1: ours is faster)."""
     short = {"ort": "ort", "ort_fpa_intb": "fpA_intB", "ours": "ours", "ours_tiles": "tiles", "ours_nopdl": "nopdl",
-             "ours_simt": "simt", "ours_generic": "generic"}
+             "ours_generic": "generic"}
     lines = [f"{'us per run':<12}{'M':>3}" + "".join(f"{short.get(i, i)[:9]:>10}" for i in impls)
              + "  ours: GB/s  %ceil t/tM1 t/tORT"]
     for w in plan["workloads"]:
@@ -473,18 +515,19 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--no-copy-slots", action="store_true", help="skip the CopySlots measurement")
     parser.add_argument("--prefill", action="store_true",
-                        help="keep the GPU busy while the host queues each sample's calls (lab run 42)")
+                        help="keep the GPU busy while the host queues each sample's calls")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--plan", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         if args.worker:
-            device = Device(cpu=args.cpu_dry_run)
-            if args.worker == "copy_slots":
-                res = {"copy_slots": run_copy_slots_worker(device, args.cpu_dry_run)}
-            else:
-                res = run_worker(json.loads(Path(args.plan).read_text()), args.worker, device)
+            device = open_device(args.cpu_dry_run)
+            with device.active():
+                if args.worker == "copy_slots":
+                    res = {"copy_slots": run_copy_slots_worker(device, args.cpu_dry_run)}
+                else:
+                    res = run_worker(json.loads(Path(args.plan).read_text()), args.worker, device)
             Path(args.result).write_text(json.dumps(res))
             return 0
         return parent(args)
@@ -502,12 +545,11 @@ def parent(args) -> int:
     if "ours" not in impls or "ort" not in impls:
         print("gemv: note: ratios need both 'ours' and 'ort' in --impls", file=sys.stderr)
     started = time.time()
-    device = Device(cpu=args.cpu_dry_run)
+    device = open_device(args.cpu_dry_run)
     report = {"info": device_info(device), "ms": ms, "impls": impls, "errors": []}
     nbytes = (64 << 20) if args.cpu_dry_run else (2 << 30)
-    report["copy_ceiling_before"] = device.copy_ceiling(nbytes)
-    if not device.cpu:
-        device.torch.cuda.empty_cache()
+    report["copy_ceiling_before"] = copy_ceiling(device, nbytes)
+    free_device_memory(device)
 
     chosen = workloads(args.cpu_dry_run)
     if args.workloads:
@@ -555,7 +597,7 @@ def parent(args) -> int:
             report["errors"] += [{"impl": impl, **e} for e in res.get("errors", [])]
         print(f"{impl}: done in {time.time() - t0:.0f}s", flush=True)
 
-    report["copy_ceiling_after"] = device.copy_ceiling(nbytes)
+    report["copy_ceiling_after"] = copy_ceiling(device, nbytes)
     ceiling = max(report["copy_ceiling_before"]["GBps"], report["copy_ceiling_after"]["GBps"])
     report["copy_ceiling_GBps"] = ceiling
     report["checks"] = check_results(plan, results)

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # Kernel-name patterns -> family, first match wins.
 FAMILIES = [
-    ("int4 matmul (ours)", r"Gemv(Stream|Simt|Generic)Kernel"),
+    ("int4 matmul (ours)", r"Gemv(Stream|Tiles|Generic)Kernel"),
     ("int4 matmul (ORT)", r"MatMulNBits|matmul_nbits|Dequantize|fpA_intB|gemv"),
     ("state copies (ours)", r"CopySlots"),
     ("linear attention", r"[Ll]inear[Aa]ttention|delta|Delta|gated_delta|chunk"),

@@ -8,14 +8,21 @@ device. Only token ids are copied to the host.
 On CUDA, ONNX Runtime runs on the same stream as CuPy (provider option user_compute_stream), so a
 CuPy kernel launched after a session run is ordered after it without any host synchronisation, and
 runs are launched with disable_synchronize_execution_providers so the host does not wait for them.
+
+The benchmarks and device checks (bench/gemv.py, tests/gpu/) use the same devices, with
+make_session (a session on the device's EP and stream), time_per_call (CUDA-event timing on the
+shared stream) and describe (versions and GPU for a report).
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 
 import numpy as np
 import onnxruntime as ort
+
+import ops
 
 from .errors import DriverError
 
@@ -54,6 +61,19 @@ class CpuDevice:
 
     def active(self):
         return nullcontext()
+
+    def time_per_call(self, fn, calls: int, reps: int, before=None) -> list[float]:
+        """Seconds per call of fn(): `reps` samples of `calls` calls back to back, by the host clock.
+        before(), if given, runs ahead of each sample, untimed."""
+        samples = []
+        for _ in range(reps):
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - start) / calls)
+        return samples
 
 
 _STREAMS: dict[int, object] = {}  # one stream per GPU, shared by every Generator of the process
@@ -123,6 +143,26 @@ class CudaDevice:
         ordered with the ORT runs (which were given this stream at session creation)."""
         return self.stream
 
+    def time_per_call(self, fn, calls: int, reps: int, before=None) -> list[float]:
+        """Seconds per call of fn(): `reps` samples of `calls` calls issued back to back, each sample
+        timed by two CUDA events on the shared stream, so it is the device's time for the work the
+        calls queued there (the host does not wait between calls). before(), if given, is issued
+        ahead of each sample's first event, untimed (a benchmark queues a busy kernel with it, so the
+        GPU does not start the calls before the host has queued them)."""
+        cupy = self.xp
+        samples = []
+        for _ in range(reps):
+            begin, end = cupy.cuda.Event(), cupy.cuda.Event()
+            if before is not None:
+                before()
+            begin.record(self.stream)
+            for _ in range(calls):
+                fn()
+            end.record(self.stream)
+            end.synchronize()
+            samples.append(cupy.cuda.get_elapsed_time(begin, end) * 1e-3 / calls)
+        return samples
+
 
 _PRELOADED = []
 
@@ -142,9 +182,13 @@ def make_device(provider: str, graph_capture: bool = True, threads: int | None =
     raise DriverError(f"unknown provider {provider!r} (cpu or cuda)")
 
 
-def bind(binding: ort.IOBinding, device, name: str, array, shape, output: bool = False) -> None:
-    """Binds `array` (a device buffer, or a contiguous leading part of one, of `shape`) by pointer."""
-    args = (device.ort_device, device.device_id, array.dtype.type, list(shape), device.pointer(array))
+def bind(binding: ort.IOBinding, device, name: str, array, shape, output: bool = False,
+         elem_type: int | None = None) -> None:
+    """Binds `array` (a device buffer, or a contiguous leading part of one, of `shape`) by pointer.
+    elem_type: the ONNX element type (onnx.TensorProto.*) where it is not the array's own, e.g.
+    bfloat16 held as uint16 bit patterns (numpy and CuPy have no bfloat16)."""
+    element = array.dtype.type if elem_type is None else elem_type
+    args = (device.ort_device, device.device_id, element, list(shape), device.pointer(array))
     if output:
         binding.bind_output(name, *args)
     else:
@@ -154,3 +198,35 @@ def bind(binding: ort.IOBinding, device, name: str, array, shape, output: bool =
 def bind_host(binding: ort.IOBinding, name: str, array: np.ndarray) -> None:
     """Binds a host numpy array (an input a kernel reads on the host, e.g. CopySlots' slot indices)."""
     binding.bind_input(name, "cpu", 0, array.dtype.type, list(array.shape), array.ctypes.data)
+
+
+def make_session(device, model, graph_capture: bool = False) -> ort.InferenceSession:
+    """A session of `model` (a ModelProto, its serialized bytes or a path) on `device`'s EP and, on
+    CUDA, its shared stream, with the ort_mtp library registered and ONNX Runtime's own log quiet
+    (errors arrive as exceptions). For one-node graphs, benchmarks and device checks; the driver's
+    model sessions are made by sessions.py."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    device.session_options(options)
+    try:
+        ops.register(options)
+    except ops.LibraryNotFoundError as e:
+        raise DriverError(str(e)) from None
+    if hasattr(model, "SerializeToString"):
+        source = model.SerializeToString()
+    else:
+        source = model if isinstance(model, bytes) else str(model)
+    return ort.InferenceSession(source, options, providers=device.providers(graph_capture))
+
+
+def describe(device) -> dict:
+    """What a report says about where it ran: ONNX Runtime's and numpy's versions, the device, and on
+    CUDA CuPy's version and the GPU's name, SM count and memory."""
+    info = {"onnxruntime": ort.__version__, "numpy": np.__version__, "device": device.name}
+    if device.name == "cuda":
+        cupy = device.xp
+        props = cupy.cuda.runtime.getDeviceProperties(device.device_id)
+        name = props["name"]
+        info.update(cupy=cupy.__version__, gpu=name.decode() if isinstance(name, bytes) else name,
+                    sm_count=props["multiProcessorCount"], memory_GiB=round(props["totalGlobalMem"] / 2**30, 1))
+    return info

@@ -1,4 +1,7 @@
-"""bench/driver_cuda_check.py, the device script, dry-run on the CPU EP so its logic is tested here."""
+"""The device checks' logic, dry-run on the CPU EP so that it is tested here, without a GPU:
+bench/driver_cuda_check.py (the driver's CUDA path), and the GPU check groups of tests/gpu (the
+kernels' checks: a group end to end in its own process, each MatMulNBits check on small cases, and
+the failure messages a crash, a failing case and a compute-sanitizer report give)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "gpu"))  # the GPU groups' modules (tests/gpu has no __init__.py)
+
+import cases_matmul  # noqa: E402
+from group_process import GroupResult, Options, judge, run_group  # noqa: E402
+from groups import GROUPS  # noqa: E402
+from harness import Context  # noqa: E402
+
+from driver.device import make_device  # noqa: E402
 
 
 def test_device_script_dry_run(tmp_path):
@@ -35,3 +48,67 @@ def test_device_script_dry_run(tmp_path):
     assert "error" not in report["identity"]["tiny"]
     assert {o["op"] for o in report["identity"]["tiny"]["ort_mtp"]["origins"]} <= {"GroupQueryAttention"}
     assert "tiny [eager]" in done.stdout
+
+
+def test_gpu_check_group_dry_run(tmp_path):
+    """A group as tests/gpu runs it, on the CPU EP: its own process (worker.py), its JSON result, the
+    verdict (CopySlots: 8 cases, the CUDA-graph one eager here)."""
+    result = run_group("copy_slots", Options(logs=tmp_path, provider="cpu", seed=1, timeout=120))
+    assert result.ok, result.failure_message()
+    assert [r["ok"] for r in result.records] == [True] * 8
+    assert result.report["info"]["device"] == "cpu" and result.report["finished"]
+    assert "promote in place slot 3->3" in (tmp_path / "copy_slots.log").read_text()
+
+
+def test_gpu_matmul_checks_dry_run():
+    """Each MatMulNBits check on one or two small cases on the CPU EP (there the op under test and the
+    reference op are the same kernel, so this tests the checks, not the kernels)."""
+    ctx = Context(make_device("cpu"), np.random.default_rng(0), random_cases=0)
+    small = [("float16", 256, 40, 4, 32, "packed", True), ("bfloat16", 96, 31, 4, 32, None, False)]
+    tiles = [("bfloat16", 256, 32, 4, 64, None, True)]
+    checks = {"smoke": cases_matmul.check_smoke(ctx, small), "smoke tiles": cases_matmul.check_smoke(ctx, tiles, True),
+              "matmul": cases_matmul.check_matmul(ctx, coverage=small[1:]),
+              "decode": cases_matmul.check_decode_consistency(ctx, small[:1]),
+              "graph": cases_matmul.check_graph(ctx, [("float32", 64, 24, 32, None)])}
+    for name, records in checks.items():
+        records = list(records)
+        assert records and all(r["ok"] and r["problem"] is None and r["case"] for r in records), (name, records)
+    assert cases_matmul.expected_path("float16", 4, 32, None, 5120, 17408).startswith("mma(")
+
+
+SANITIZER_LOG = """========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 16 bytes
+=========     at void gemv::GemvStreamKernel<__half, 32>(gemv::Params)+0x1a0
+=========     by thread (5,0,0) in block (3,0,0)
+=========     Address 0x7f00 is out of bounds
+=========
+========= ERROR SUMMARY: 2 errors
+"""
+
+
+def test_gpu_check_failure_messages_name_the_cause(tmp_path):
+    """What a failing group's test prints: the failing case with its kernel path, a sanitizer report,
+    the case a dead worker was running, and the command that reruns the group."""
+    log = tmp_path / "smoke-mma.log"
+    log.write_text("ok   case a\n" + SANITIZER_LOG)
+    bad = {"case": "float16 K=512 N=200 bits=4 block=32 zp=none bias", "ok": False, "path": "mma(kc=256)+pdl",
+           "problem": "M=17: error/tolerance 3.2, unwritten 0"}
+    report = {"finished": True, "running": None, "records": [{"case": "case a", "ok": True}, bad]}
+    options = Options(logs=tmp_path, seed=7, sanitizer="memcheck")
+    result = judge(GroupResult(GROUPS["smoke-mma"], options, 1, 1.0, report, log))
+    message = result.failure_message()
+    assert not result.ok
+    assert "float16 K=512 N=200 bits=4 block=32 zp=none bias [mma(kc=256)+pdl]: M=17: error/tolerance 3.2" in message
+    assert "compute-sanitizer memcheck reported 2 error(s); first: Invalid __global__ read of size 16 bytes" in message
+    assert "exit status" not in message  # status 1 is the tool's here, not the worker's
+    assert "compute-sanitizer --tool memcheck python tests/gpu/worker.py --group smoke-mma" in message
+    assert "--seed 7" in message
+
+    crashed = {"finished": False, "running": "bfloat16 K=96 N=31", "records": [{"case": "case a", "ok": True}]}
+    result = judge(GroupResult(GROUPS["smoke-plain"], Options(logs=tmp_path, seed=7), -11, 1.0, crashed, log))
+    assert not result.ok
+    assert "died of signal 11 while running case 'bfloat16 K=96 N=31'" in result.failure_message()
+    assert "ORT_MTP_GEMV_PDL=0 python tests/gpu/worker.py --group smoke-plain" in result.failure_message()
+
+    result = judge(GroupResult(GROUPS["copy_slots"], Options(logs=tmp_path), 1, 1.0, {}, log))
+    assert {"the worker ended with exit status 1", "the worker wrote no result"} <= set(result.failures)

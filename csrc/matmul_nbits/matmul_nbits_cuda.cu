@@ -5,9 +5,6 @@
 //                     and scales.
 //   gemv_stream.cuh   tensor-core kernel, the fast path: fp16/bf16, 4 bits, block 32..256, no or packed
 //                     zero points, K a multiple of the chunk (128..512), 16-byte aligned A and B.
-//   gemv_simt.cuh     CUDA-core kernel, only with ORT_MTP_GEMV_VARIANT=simt (the default never picks it;
-//                     no supported GPU needs it): fp16/bf16, 4 bits, block 32..256, no or packed zero
-//                     points, K a multiple of 32, aligned A, B.
 //   gemv_generic.cuh  every other problem the op accepts (fp32, 8 bits, block 16, typed zero points,
 //                     K not a multiple of the block, odd alignment).
 //
@@ -19,9 +16,9 @@
 // needs sm_90, which is checked at launch. Why each kernel is built as it is: docs/kernels.md.
 //
 // Knobs, read once per process (for benchmarking the variants in one device run):
-//   ORT_MTP_GEMV_VARIANT = mma (default) | simt | generic
-//       mma: the tensor-core kernel; simt: the CUDA-core kernel instead; generic: the general kernel
-//       for everything (a baseline). Weights in the tiles layout always take gemv_tiles.cuh.
+//   ORT_MTP_GEMV_VARIANT = mma (default) | generic
+//       mma: the tensor-core kernel; generic: the general kernel for everything (a baseline). Weights
+//       in the tiles layout always take gemv_tiles.cuh.
 //   ORT_MTP_GEMV_PDL = 1 (default) | 0
 //       1: launch the tensor-core kernel with programmatic stream serialization, so its weight
 //       prefetch overlaps the previous kernel's tail (only when B, scales and zero points are session
@@ -36,7 +33,6 @@
 #include <utility>
 
 #include "matmul_nbits/gemv_generic.cuh"
-#include "matmul_nbits/gemv_simt.cuh"
 #include "matmul_nbits/gemv_stream.cuh"
 #include "matmul_nbits/gemv_tiles.cuh"
 #include "matmul_nbits/matmul_nbits.h"
@@ -44,7 +40,7 @@
 namespace ort_mtp {
 namespace {
 
-enum class Variant { kMma, kSimt, kGeneric };
+enum class Variant { kMma, kGeneric };
 
 struct Options {
   Variant variant = Variant::kMma;
@@ -71,12 +67,10 @@ Options ReadOptions() {
   if (const char* v = std::getenv("ORT_MTP_GEMV_VARIANT"); v && *v) {
     if (!std::strcmp(v, "mma")) {
       o.variant = Variant::kMma;
-    } else if (!std::strcmp(v, "simt")) {
-      o.variant = Variant::kSimt;
     } else if (!std::strcmp(v, "generic")) {
       o.variant = Variant::kGeneric;
     } else {
-      o.error = "environment variable ORT_MTP_GEMV_VARIANT must be mma, simt or generic";
+      o.error = "environment variable ORT_MTP_GEMV_VARIANT must be mma or generic";
     }
   }
   ReadSwitch("ORT_MTP_GEMV_PDL", "1", "0", "environment variable ORT_MTP_GEMV_PDL must be 0 or 1", o.pdl, o.error);
@@ -364,41 +358,6 @@ const char* DispatchTiles(const MatMulNBitsProblem& p, const DeviceInfo& dev, bo
   return "internal error: block size without a tiles kernel";
 }
 
-// --- CUDA-core fallback path ------------------------------------------------------------------------
-
-// Whether the CUDA-core kernel takes the problem. M plays no part.
-bool PlanSimt(const MatMulNBitsProblem& p) {
-  if (p.type == ElemType::kFloat32 || p.bits != 4 || p.zp_kind == ZeroPointKind::kTyped) return false;
-  const int bs = p.block_size;
-  if (bs != 32 && bs != 64 && bs != 128 && bs != 256) return false;
-  if (p.K % 32 != 0 || !Aligned(p.a, 16) || !Aligned(p.b, 16)) return false;
-  return p.K <= (1 << 30) && p.N <= (1 << 30);
-}
-
-template <typename T, int kTok>
-const char* LaunchSimt(const MatMulNBitsProblem& p, cudaStream_t stream) {
-  gemv::SimtParams prm{};
-  FillOperands(p, prm);
-  prm.row_bytes = p.k_blocks * p.block_bytes;
-  prm.chunk_shift = p.block_size == 32 ? 0 : p.block_size == 64 ? 1 : p.block_size == 128 ? 2 : 3;
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>((p.N + gemv::kSimtRows - 1) / gemv::kSimtRows), 1, 1);
-  cfg.blockDim = dim3(32 * gemv::kSimtWarps, 1, 1);
-  cfg.stream = stream;
-  return LaunchSlices<T>(p, kTok, gemv::GemvSimtKernel<T, kTok>, prm, cfg);
-}
-
-// Tokens per pass from M: which tokens share a pass, not what any token's result is. At most 8: with
-// 16 the kernel needs 254 registers (2 blocks per SM), and from M = 4 on it is bound by the FMA rate
-// anyway, so a second pass over the weights costs little.
-template <typename T>
-const char* DispatchSimt(const MatMulNBitsProblem& p, cudaStream_t s) {
-  if (p.M <= 1) return LaunchSimt<T, 1>(p, s);
-  if (p.M <= 2) return LaunchSimt<T, 2>(p, s);
-  if (p.M <= 4) return LaunchSimt<T, 4>(p, s);
-  return LaunchSimt<T, 8>(p, s);
-}
-
 // --- general path -----------------------------------------------------------------------------------
 
 template <typename T, int kBits, ZeroPointKind kZk>
@@ -444,9 +403,6 @@ const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream) {
     const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;
     return p.type == ElemType::kFloat16 ? DispatchTiles<__half>(p, dev, pdl, s)
                                         : DispatchTiles<__nv_bfloat16>(p, dev, pdl, s);
-  }
-  if (options.variant == Variant::kSimt && PlanSimt(p)) {
-    return p.type == ElemType::kFloat16 ? DispatchSimt<__half>(p, s) : DispatchSimt<__nv_bfloat16>(p, s);
   }
   if (options.variant == Variant::kMma && TakesStream(p, dev)) {
     const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;

@@ -1,0 +1,72 @@
+"""Timing pieces only the benchmarks need, on top of the driver's devices (driver/device.py, whose
+time_per_call times calls with CUDA events on the stream ONNX Runtime shares with CuPy):
+
+  copy_ceiling           the device-to-device copy bandwidth, the ceiling a GEMV is scored against;
+  busy_kernel            a kernel that keeps the GPU busy while the host queues a sample's calls;
+  host_seconds_per_call  the host's own pace issuing calls, not waiting for the device.
+
+On the CPU EP (a benchmark's dry run) they use the host clock and numpy, and busy_kernel does nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+import numpy as np
+
+SPIN_SOURCE = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+"""
+
+
+@lru_cache(maxsize=1)
+def _spin_kernel():
+    import cupy
+
+    return cupy.RawKernel(SPIN_SOURCE, "spin")  # compiled by NVRTC on first use
+
+
+def busy_kernel(device, cycles: int) -> None:
+    """Queues one thread spinning for `cycles` GPU clocks on the device's shared stream (torch's
+    cuda._sleep), so that calls queued after it start only once the host has queued them all."""
+    if device.name != "cuda" or cycles <= 0:
+        return
+    with device.active():
+        _spin_kernel()((1,), (1,), (np.int64(cycles),))
+
+
+def host_seconds_per_call(device, fn, calls: int) -> float:
+    """The host's time per call of fn() issued back to back, not waiting for the device."""
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    pace = (time.perf_counter() - start) / calls
+    device.synchronize()
+    return pace
+
+
+def copy_bytes(device, dst, src) -> None:
+    """dst = src, one device-to-device copy (cudaMemcpyAsync on the shared stream), or numpy's on the CPU."""
+    if device.name == "cuda":
+        dst.data.copy_from_device_async(src.data, src.nbytes, stream=device.stream)
+    else:
+        np.copyto(dst, src)
+
+
+def copy_ceiling(device, nbytes: int, reps: int = 10) -> dict:
+    """Device-to-device copy bandwidth counting bytes read + written (METHOD.md's ceiling)."""
+    xp = device.xp
+    with device.active():
+        src = xp.random.randint(0, 255, size=nbytes, dtype=np.uint8)
+        dst = xp.empty_like(src)
+        copy_bytes(device, dst, src)  # warm-up
+        samples = device.time_per_call(lambda: copy_bytes(device, dst, src), 1, reps)
+        ok = bool(xp.array_equal(src, dst))
+    median = float(np.median(samples))
+    del src, dst
+    return {"bytes": nbytes, "seconds_median": median, "GBps": 2 * nbytes / median / 1e9, "copy_correct": ok}

@@ -1,0 +1,66 @@
+"""The GPU check groups: what each covers and the kernel-selection environment it runs under.
+
+A group is the unit of fault isolation: each runs in its own process (worker.py), because a kernel
+that faults leaves a CUDA context in which every later call fails, and because the library reads
+ORT_MTP_GEMV_VARIANT / ORT_MTP_GEMV_PDL once per process. The smoke groups are one per kernel path,
+small enough for compute-sanitizer, so that a fault names its path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable, Iterable
+
+import cases_copy_slots
+import cases_fuzz
+import cases_matmul
+from cases_matmul import SMOKE_CASES, check_decode_consistency, check_graph, check_matmul, check_smoke
+from harness import Context
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    what: str
+    run: Callable[[Context], Iterable[dict]]  # yields one record per case
+    env: dict = field(default_factory=dict)   # set in the group's process (others of ENV_KEYS unset)
+
+
+MATMUL = [
+    Group("smoke-mma", "tensor-core kernel, one K-part: fp16/bf16 x block 32/64/128/256 x zero points "
+          "none/packed x 8/16 tokens, KC 128/256/512, 1-4 m-tiles per block",
+          partial(check_smoke, cases=SMOKE_CASES["mma"])),
+    Group("smoke-mma-kparts", "tensor-core kernel split over K into 2..16 K-parts (warps of one block)",
+          partial(check_smoke, cases=SMOKE_CASES["mma-kparts"])),
+    Group("smoke-mma-wide", "tensor-core kernel on layer-like cuts: many blocks, several waves, K-parts x m-tiles",
+          partial(check_smoke, cases=SMOKE_CASES["mma-wide"])),
+    Group("smoke-generic", "general kernel: fp32, 8 bits, typed zero points, block 16, K % block != 0",
+          partial(check_smoke, cases=SMOKE_CASES["generic"])),
+    Group("smoke-tiles", "tiles kernel (packing=1, weights packed by ops.packing): fp16/bf16 x block 32/64/128, "
+          "K-parts, waves, two-shape cuts", partial(check_smoke, cases=SMOKE_CASES["tiles"], tiles=True)),
+    Group("matmul", "fixed coverage list + random cases vs the float64 reference and our CPU op", check_matmul),
+    Group("decode", "rows bit-identical across M = 1..16, 17, 24, 33, 40 (default kernels)", check_decode_consistency),
+    Group("graph", "capture and replay under ORT's CUDA graph (PDL launches, the default), new data into "
+          "bound buffers", check_graph),
+]
+
+# Kernel paths chosen by an environment switch, each in its own group: a group goes with its path.
+PLAIN_LAUNCHES = [  # ORT_MTP_GEMV_PDL=0: without programmatic dependent launch
+    Group("smoke-plain", "tensor-core kernel without programmatic dependent launch (ORT_MTP_GEMV_PDL=0)",
+          partial(check_smoke, cases=SMOKE_CASES["plain"]), {"ORT_MTP_GEMV_PDL": "0"}),
+    Group("graph-plain", "CUDA graph capture and replay with plain launches and copies (ORT_MTP_GEMV_PDL=0)",
+          check_graph, {"ORT_MTP_GEMV_PDL": "0"}),
+]
+COPY_SLOTS = [
+    Group("copy_slots", "CopySlots: promote in place, slot and whole copies, 150 tensors, CUDA graph",
+          cases_copy_slots.check_copy_slots),
+]
+
+OP_FUZZ = [
+    Group(f"op-fuzz-seed{seed}", f"tests/op_fuzz.py's {cases_fuzz.CASES} random cases of seed {seed} for both ops: "
+          "exact or ONNX Runtime's error, never a crash", partial(cases_fuzz.check_op_fuzz, seed=seed))
+    for seed in cases_fuzz.SEEDS
+]
+
+GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + OP_FUZZ}
