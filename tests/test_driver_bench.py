@@ -110,5 +110,13 @@ def test_gpu_check_failure_messages_name_the_cause(tmp_path):
     assert "died of signal 11 while running case 'bfloat16 K=96 N=31'" in result.failure_message()
     assert "ORT_MTP_GEMV_PDL=0 python tests/gpu/worker.py --group smoke-plain" in result.failure_message()
 
+    # A clean run under the sanitizer must show the tool's summary, else the tool never ran.
+    clean = {"finished": True, "running": None, "records": [{"case": "case a", "ok": True}]}
+    log.write_text("ok   case a\n")
+    result = judge(GroupResult(GROUPS["smoke-mma"], options, 0, 1.0, clean, log))
+    assert result.failures == ["compute-sanitizer memcheck printed no error summary"]
+    log.write_text("ok   case a\n========= ERROR SUMMARY: 0 errors\n")
+    assert judge(GroupResult(GROUPS["smoke-mma"], options, 0, 1.0, clean, log)).ok
+
     result = judge(GroupResult(GROUPS["copy_slots"], Options(logs=tmp_path), 1, 1.0, {}, log))
     assert {"the worker ended with exit status 1", "the worker wrote no result"} <= set(result.failures)

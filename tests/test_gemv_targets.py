@@ -1,5 +1,6 @@
-"""bench/gemv.py's scoring of issue 5's targets, for the default path and the tiles path, on
-hand-made tables (the device run fills the real ones)."""
+"""bench/gemv.py's scoring of the GEMV's targets (gemv.targets; README.md lists how the latest run
+scored), for the default path and the tiles path, on hand-made tables (a run on the GPU fills the
+real ones)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def gemv():
-    sys.path.insert(0, str(REPO / "bench"))  # gemv.py imports its neighbour ort_device
+    sys.path.insert(0, str(REPO / "bench"))  # gemv.py imports its neighbour gpu_timing
     try:
         spec = importlib.util.spec_from_file_location("gemv_bench", REPO / "bench" / "gemv.py")
         module = importlib.util.module_from_spec(spec)

@@ -250,6 +250,9 @@ def judge(result: GroupResult) -> GroupResult:
     if sanitizer_found:
         result.failures.append(f"compute-sanitizer {opts.sanitizer} reported {result.sanitizer_errors} error(s); "
                                f"first: {result.sanitizer_first_error}")
+    elif opts.sanitizer and rc == 0 and result.sanitizer_errors is None:
+        # No summary: the tool did not run (or did not cover the worker), so "no errors" means nothing.
+        result.failures.append(f"compute-sanitizer {opts.sanitizer} printed no error summary")
     if rc is not None and not report:
         result.failures.append("the worker wrote no result")
     elif report and not report.get("finished") and rc == 0:

@@ -1,0 +1,104 @@
+"""README.md's measured numbers are bench/report.py's rendering of the committed result JSON
+(bench/results/): the check fails when one drifts from the other, and the rendering follows the data."""
+
+from __future__ import annotations
+
+import copy
+import re
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("bench_report", REPO / "bench" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def data(report):
+    return report.load()
+
+
+def test_readme_matches_the_result_json(report, data):
+    ok, diff = report.check(REPO / "README.md", data)
+    assert ok, "README.md differs from bench/results (run python bench/report.py):\n" + diff
+
+
+def test_every_generated_part_is_in_the_readme(report, data):
+    text = (REPO / "README.md").read_text()
+    for name in report.SECTIONS:
+        assert f"<!-- report:{name}" in text and f"<!-- /report:{name} -->" in text, name
+
+
+def test_a_changed_value_changes_the_rendering(report, data):
+    readme = (REPO / "README.md").read_text()
+    before = report.render(readme, data)
+    changed = copy.deepcopy(data)
+    tiles = next(c for c in changed["e2e"]["json"]["configurations"] if c["label"] == "tiles")
+    tiles["modes"]["greedy"]["tok_s_median"] = 321.0
+    changed["gemv"]["json"]["table"]["chain"]["8"]["ours"]["us"] = 2 * 129.2
+    after = report.render(readme, changed)
+    assert after != before
+    assert "| 321.0 |" in after and "| 321.0 |" not in before
+    # the opening's M=8 / M=1 claim follows gemv.json too
+    m8 = after.split("<!-- report:m8 -->")[1].split("<!-- /report:m8 -->")[0]
+    ratio = 2 * 129.2 / data["gemv"]["json"]["table"]["chain"]["1"]["ours"]["us"]
+    assert m8.startswith(f"{ratio:.2f}x at M = 8")
+
+
+def test_check_fails_on_a_drifted_readme(report, data, tmp_path):
+    readme = (REPO / "README.md").read_text()
+    drifted = readme.replace("| 104.8 |", "| 104.9 |", 1)
+    assert drifted != readme
+    path = tmp_path / "README.md"
+    path.write_text(drifted)
+    ok, diff = report.check(path, data)
+    assert not ok and "104.9" in diff and "104.8" in diff
+
+
+def test_a_missing_marker_is_an_error(report, data):
+    with pytest.raises(report.ReportError, match="m8"):
+        report.render("no markers here <!-- report:measured --><!-- /report:measured -->", data)
+
+
+def test_check_exit_status(report, tmp_path, monkeypatch, capsys):
+    assert report.main(["--check"]) == 0
+    path = tmp_path / "README.md"
+    path.write_text((REPO / "README.md").read_text().replace("| 104.8 |", "| 104.9 |", 1))
+    monkeypatch.setattr(report, "README", path)
+    assert report.main(["--check"]) == 1
+    assert "+| MatMulNBits' row-major layout | 104.8 |" in capsys.readouterr().out
+
+
+def test_every_markdown_link_resolves():
+    """Every relative link in README.md and docs/*.md names a file that exists (and, into a markdown
+    file, a heading that exists there)."""
+    link = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+    def strip_code(text: str) -> str:
+        return re.sub(r"```.*?```", "", text, flags=re.S)
+
+    def anchors(path: Path) -> set[str]:
+        headings = re.findall(r"^#+\s+(.*)$", strip_code(path.read_text()), re.M)
+        return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+    broken, seen = [], 0
+    for doc in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for target in link.findall(strip_code(doc.read_text())):
+            if re.match(r"[a-z]+://", target):
+                continue
+            seen += 1
+            path, _, fragment = target.partition("#")
+            dest = (doc.parent / path).resolve() if path else doc
+            if not dest.exists():
+                broken.append(f"{doc.name}: {target} (no such file)")
+            elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+                broken.append(f"{doc.name}: {target} (no such heading)")
+    assert seen > 20 and not broken, broken
