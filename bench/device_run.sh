@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One device call for the CUDA kernels (results: bench/results/README.md): build, lint the
+# One run on the GPU machine for the CUDA kernels (results: bench/results/README.md): build, lint the
 # machine code, the smoke correctness groups, the GEMV benchmark, the full correctness groups, the op
 # fuzz cases on CUDA, then the M-dependent indexing of the tensor-core kernel under compute-sanitizer
 # memcheck. Most important first, so that a cut-off run still has the correctness smoke and the
 # timings. Each step is time-boxed (its own cap, and never past DEADLINE seconds after the start,
 # default 460); expected ~6 minutes (build ~40 s, smoke ~40 s with 4 groups at a time, gemv ~180 s,
-# full check ~40 s, op fuzz ~60 s (an estimate: not timed on the device yet), memcheck ~40 s).
-# Run from the repository root after the ORT setup chunk:
+# full check ~40 s, op fuzz ~70 s (2 x 600 cases took 33-36 s per seed, 4 groups at a time), memcheck
+# ~20 s). Run from the repository root on a machine with a CUDA GPU, nvcc 13 and onnxruntime-gpu:
 #
-#     source .device/cN/setup.sh && bash bench/device_run.sh
+#     bash bench/device_run.sh
 #
 # The correctness checks are the pytest tests under tests/gpu (one process per group; their
 # conftest.py says more); on their own, on any machine with a CUDA GPU and pytest:
@@ -44,7 +44,7 @@ if ! { cmake -S . -B "$BUILD" -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTU
 fi
 export ORT_MTP_LIBRARY="$BUILD/libort_mtp_ops.so"
 
-step "sass_lint (uniform registers read but never written: the error-715 pattern of run 1; local memory)"
+step "sass_lint (uniform registers read but never written: the error-715 pattern, docs/kernels.md#launch-and-pdl; local memory)"
 # The fp16 block-32 GEMV kernels (the 27B benchmark's) must not touch local memory: a stack frame
 # cost ~6% on the chain (docs/kernels.md#multi-token-kernels).
 timeout "$(cap 30)" python3 bench/sass_lint.py "$ORT_MTP_LIBRARY" \

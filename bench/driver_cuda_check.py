@@ -5,7 +5,7 @@ Two steps, because the device machine has no torch / transformers / onnxruntime-
 
   1. here (builds onnxruntime-genai's own CUDA export of a tiny random checkpoint, ~20 s):
        python bench/driver_cuda_check.py prepare --dest build/driver-cuda-fixtures
-  2. on the GPU machine, carrying build/driver-cuda-fixtures (a few MB):
+  2. on the GPU machine, with build/driver-cuda-fixtures (a few MB) copied to it:
        python bench/driver_cuda_check.py run --fixtures build/driver-cuda-fixtures --out $OUT
 
 `run` builds the models package's tiny and small presets (int4, CUDA, state_window 4, and tiny

@@ -5,12 +5,12 @@ cost of CopySlots on the 27B model's linear-attention state.
     python bench/gemv.py                 # on the GPU machine (about 2-3 minutes)
     python bench/gemv.py --cpu-dry-run   # tiny shapes on the CPU EP: tests the script's logic
 
-Writes gemv.json to --out, else $OUT, else bench/results; prints a summary table and issue 5's
+Writes gemv.json to --out, else $OUT, else bench/results; prints a summary table and the GEMV's
 targets last, scored for our default path and, when it ran, for the tiles path (ours_tiles).
 
 Workloads (int4, block 32, fp16, no zero points, fresh random non-zero data; weights written once to
 /tmp as external data shared by every implementation's model):
-  chain      4 x (5120 -> 17408, 17408 -> 5120), each node feeding the next (401 MB, anchors.md §2)
+  chain      4 x (5120 -> 17408, 17408 -> 5120), each node feeding the next (401 MB)
   27B shapes q_proj 5120->12288, k/v_proj 5120->1024, o_proj = linear-attention out_proj 6144->5120,
              linear-attention in_proj_qkv 5120->10240 and in_proj_z 5120->6144, gate/up 5120->17408,
              down 17408->5120: L independent nodes with their own weights (L x bytes ~ 256 MB, so the
@@ -433,7 +433,7 @@ def summarise(plan: dict, results: dict, ceiling_GBps: float) -> dict:
 
 
 def targets(table: dict, impl: str = "ours") -> list[tuple[str, bool | None, str]]:
-    """The issue's targets for one of our paths (`ours`: the default row-major layout; `ours_tiles`: the
+    """The GEMV's targets for one of our paths (`ours`: the default row-major layout; `ours_tiles`: the
     packed one), evaluated on the measured table. A target whose numbers are missing (the path failed or
     did not run) is reported as (name, None, "no data"): not met."""
     out = []

@@ -59,7 +59,7 @@ def copy_bytes(device, dst, src) -> None:
 
 
 def copy_ceiling(device, nbytes: int, reps: int = 10) -> dict:
-    """Device-to-device copy bandwidth counting bytes read + written (METHOD.md's ceiling)."""
+    """Device-to-device copy bandwidth counting bytes read + written (the copy ceiling that gemv.py's percentages are of)."""
     xp = device.xp
     with device.active():
         src = xp.random.randint(0, 255, size=nbytes, dtype=np.uint8)

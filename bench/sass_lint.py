@@ -3,7 +3,7 @@
     python bench/sass_lint.py /tmp/ortmtp/libort_mtp_ops.so          # any file cuobjdump reads
     python bench/sass_lint.py build.cubin --cuobjdump /path/to/cuobjdump
 
-Why: device run 1 died with error 715 ("an illegal instruction was encountered") in every call of the
+Why: the first device run (fixed in commit bee2231) died with error 715 ("an illegal instruction was encountered") in every call of the
 tensor-core MatMulNBits kernel. ptxas 13.0 compiled `cp.async ... .L2::cache_hint` (with a createpolicy
 policy) for sm_90 into an LDGSTS whose memory descriptor `desc[URn]` names uniform registers that no
 instruction of the kernel writes; the GPU rejects the garbage descriptor. This script lists, per kernel,

@@ -147,7 +147,7 @@ PRESETS: dict[str, Qwen35Shape] = {
         context_length=8192,
         mrope_section=(6, 5, 5),
     ),
-    # The shape of the 4B-class checkpoint measured with onnxruntime-genai (anchors.md section 3);
+    # The shape of the 4B-class checkpoint measured with onnxruntime-genai before this project (docs/models.md);
     # context 32768 as a checkpoint made from transformers' default Qwen3_5TextConfig has.
     "qwen35-4b": Qwen35Shape(
         name="qwen35-4b",

@@ -1,6 +1,6 @@
 """Synthetic weights: random, but with an MTP head that genuinely predicts the target's next token.
 
-The construction (anchors.md section 3, measured there on a 4B-class checkpoint):
+The construction (measured on a 4B-class checkpoint before this project; docs/models.md#the-weights):
 - every output projection (attention o_proj, MLP down_proj, linear-attention out_proj) is drawn
   with std out_scale/sqrt(fan_in) (out_scale 0.02), so the residual stream stays close to the
   token embedding and the target's next token is mostly a function of the current token;
@@ -8,7 +8,7 @@ The construction (anchors.md section 3, measured there on a 4B-class checkpoint)
   token it is given straight into its layer, so it predicts what the target will say after that
   token; the random half adds a deterministic perturbation whose size is the knob;
 - every other random path is drawn with std 1/sqrt(fan_in): at large hidden sizes and a 248k
-  vocabulary anything larger drowns the identity path (anchors: N(0, 0.02) at H=2560 gave 1-6%).
+  vocabulary anything larger drowns the identity path (N(0, 0.02) at H=2560 gave 1-6% acceptance on that checkpoint).
 - the lm_head rows of the special tokens are zero, so their logit is exactly 0 while the largest
   random logit is ~4 sigma: greedy decoding never emits EOS and benchmarks run to their length.
 
