@@ -54,7 +54,7 @@ ORT_WARMUP_RUNS = 2
 
 def prepare(dest: Path) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_driver_support import make_checkpoint, run_genai_builder
+    from genai_builder import make_checkpoint, run_genai_builder
 
     if dest.exists():
         shutil.rmtree(dest)

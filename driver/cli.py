@@ -1,27 +1,28 @@
 """`python -m driver generate` and `python -m driver identity`.
 
-A user mistake (bad folder, prompt too long, k out of range, CUDA without a GPU, ...) prints one line
-`error: ...` on stderr and exits with status 2, without a traceback.
+`generate` prints the prompt and then its continuation, streamed as it is generated, on stdout, and
+its stats on stderr (`--json`: one JSON object on stdout instead). A user mistake (bad folder,
+prompt too long, k out of range, CUDA without a GPU, ...) prints one line `error: ...` on stderr and
+exits with status 2, without a traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+
+from ops.progress import progress_bar
+from ops.usage import Parser, UsageError
 
 from .errors import DriverError
 from .generator import COMMIT_POLICIES, DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS, Generator
 
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own two-line usage+error becomes our one line
-        raise DriverError(f"{self.prog}: {message}")
+IDENTITY_PROMPT = "The quick brown fox jumps over the lazy dog."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m driver", description="Greedy and MTP self-speculative generation.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def build_parser() -> Parser:
+    parser = Parser(prog="python -m driver", description="Greedy and MTP self-speculative generation.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")
     gen.add_argument("--model", help="model folder (default: the tiny preset, built once into a cache folder)")
@@ -46,15 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     ident = sub.add_parser("identity", help="measure verify rows against width-1 decode rows, per op")
     ident.add_argument("--model", help="model folder (default: the tiny preset)")
-    ident.add_argument("--provider", choices=("cpu", "cuda"), default="cpu")
-    ident.add_argument("--prompt", default="The quick brown fox jumps over the lazy dog.")
+    ident.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider (default cpu)")
+    ident.add_argument("--prompt", default=IDENTITY_PROMPT,
+                       help=f"the prompt whose greedy continuation is verified (default {IDENTITY_PROMPT!r})")
     ident.add_argument("--width", type=int, default=4, help="verify width (k+1) to compare (default 4)")
     ident.add_argument("--no-rewrite", action="store_true",
                        help="keep com.microsoft::MatMulNBits (measure ONNX Runtime's own kernels)")
     ident.add_argument("--streams", action="store_true",
                        help="also compare MTP and greedy token streams over 22 sample prompts for k = 1..8")
     ident.add_argument("--new-tokens", type=int, default=64, help="tokens per stream with --streams (default 64)")
-    ident.add_argument("--json", action="store_true")
+    ident.add_argument("--json", action="store_true", help="print one JSON object (rows, origins, streams) instead")
     return parser
 
 
@@ -79,25 +81,41 @@ def cmd_generate(args) -> int:
                           cuda_graphs=not args.no_cuda_graphs, commit=args.commit,
                           profile=True if args.profile else None, threads=args.threads)
     generator.check_lengths(len(prompt_ids), args.max_new_tokens)
-    stream = generator.text.stream()
-
-    def show(tokens):
-        if not args.json:
-            sys.stdout.write(stream.push(tokens))
-            sys.stdout.flush()
-
-    result = generator.generate(prompt_ids, args.max_new_tokens, on_tokens=show)
     if args.json:
+        result = run_generation(generator, prompt_ids, args.max_new_tokens)
         out = result.as_dict()
         out.update(model=str(folder.path), provider=args.provider, prompt=args.prompt)
         print(json.dumps(out))
-    else:
-        print()
-        print(result.stats.line())
-        if result.stats.phase_ms:
-            per_round = result.stats.as_dict().get("phase_ms_per_round", {})
-            print("ms per round: " + " ".join(f"{k}={v:.3f}" for k, v in per_round.items()))
+        return 0
+    sys.stdout.write(args.prompt)  # the continuation follows it, streamed as it is generated
+    sys.stdout.flush()
+    result = run_generation(generator, prompt_ids, args.max_new_tokens, text=generator.text.stream())
+    print()
+    print_stats(result.stats)
     return 0
+
+
+def run_generation(generator: Generator, prompt_ids: list[int], max_new_tokens: int, text=None):
+    """Generates, writing each batch of committed tokens to stdout through `text` (a TextStream), if
+    given. A bar on stderr counts the tokens where stderr is a terminal, unless the text is streaming
+    to a terminal itself: it shows the progress there, and a bar would break its lines."""
+    streams_to_terminal = text is not None and sys.stdout.isatty()
+    with progress_bar("generating", total=max_new_tokens, unit="token", enabled=not streams_to_terminal) as bar:
+        def committed(tokens):
+            if text is not None:
+                sys.stdout.write(text.push(tokens))
+                sys.stdout.flush()
+            bar.update(len(tokens))
+
+        return generator.generate(prompt_ids, max_new_tokens, on_tokens=committed)
+
+
+def print_stats(stats) -> None:
+    """The summary on stderr, so that stdout holds the prompt and its continuation alone."""
+    print(stats.line(), file=sys.stderr)
+    if stats.phase_ms:
+        per_round = stats.as_dict().get("phase_ms_per_round", {})
+        print("ms per round: " + " ".join(f"{k}={v:.3f}" for k, v in per_round.items()), file=sys.stderr)
 
 
 def cmd_identity(args) -> int:
@@ -158,7 +176,7 @@ def main(argv=None) -> int:
         if args.command == "generate":
             return cmd_generate(args)
         return cmd_identity(args)
-    except DriverError as e:
+    except (DriverError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -86,19 +86,7 @@ class CudaDevice:
     ort_device = "cuda"
 
     def __init__(self, device_id: int = 0, graph_capture: bool = True):
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            raise DriverError("--provider cuda needs onnxruntime-gpu, but this onnxruntime has no CUDA "
-                              "execution provider")
-        try:
-            import cupy
-        except ImportError:
-            raise DriverError("--provider cuda needs CuPy (pip install cupy-cuda12x or cupy-cuda13x)") from None
-        try:
-            count = cupy.cuda.runtime.getDeviceCount()
-        except cupy.cuda.runtime.CUDARuntimeError:
-            count = 0
-        if count <= device_id:
-            raise DriverError("--provider cuda was requested but no CUDA GPU is visible on this machine")
+        cupy = _cuda_prerequisites(device_id)
         _preload_cuda_libraries()
         self.xp = cupy
         self.device_id = device_id
@@ -162,6 +150,36 @@ class CudaDevice:
             end.synchronize()
             samples.append(cupy.cuda.get_elapsed_time(begin, end) * 1e-3 / calls)
         return samples
+
+
+def _cuda_prerequisites(device_id: int):
+    """CuPy, once everything --provider cuda needs is here. Otherwise a DriverError that names all
+    that is missing at once: a machine without a GPU usually lacks CuPy too, and being told of one
+    only to meet the other next is a wasted round."""
+    missing = []
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        missing.append("onnxruntime-gpu (this onnxruntime has no CUDA execution provider)")
+    try:
+        import cupy
+    except ImportError:
+        cupy = None
+        missing.append("CuPy (pip install cupy-cuda12x or cupy-cuda13x)")
+    if _gpu_count(cupy) <= device_id:
+        missing.append("a CUDA GPU (none is visible on this machine)")
+    if missing:
+        raise DriverError("--provider cuda needs " + " and ".join(missing))
+    return cupy
+
+
+def _gpu_count(cupy) -> int:
+    """The GPUs CUDA sees: CuPy's count (CUDA_VISIBLE_DEVICES applied); without CuPy, those the NVIDIA
+    driver lists (ops.visible_gpus, no CUDA context)."""
+    if cupy is None:
+        return len(ops.visible_gpus())
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return 0
 
 
 _PRELOADED = []

@@ -5,11 +5,11 @@ Errors (bad preset, bad folder, bad option) print one line to stderr and exit wi
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 from ops.staging import OutputError
+from ops.usage import Parser, UsageError
 
 from .config import PRECISIONS, PRESETS, BuildOptions, ConfigError, Synthesis, preset
 
@@ -18,14 +18,15 @@ class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse prints usage + message; we want one line
-        raise CliError(message)
+# the acceptance measurement's options, shared by `acceptance` and `sweep`
+_PROMPTS_HELP = "random prompts to measure (default 4)"
+_PROMPT_LENGTH_HELP = "tokens per random prompt (default 32)"
+_NEW_TOKENS_HELP = "tokens the target decodes greedily after each prompt (default 64)"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m models", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _parser() -> Parser:
+    parser = Parser(prog="python -m models", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     b = sub.add_parser("build", help="write a synthetic model folder")
     b.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
@@ -33,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--precision", default="int4", help=f"one of: {', '.join(PRECISIONS)} (default int4)")
     b.add_argument("--ep", default="cpu", help="cpu or cuda (default cpu)")
     b.add_argument("--state-window", type=int, default=0, help="W per-token conv/recurrent states (CUDA only)")
-    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--seed", type=int, default=0, help="seed of every weight (default 0): a seed is one model")
     b.add_argument("--mtp-noise", type=float, default=Synthesis.mtp_noise,
                    help="acceptance knob: noise-to-signal of the MTP head's input (0 = most predictive)")
     b.add_argument("--out-scale", type=float, default=Synthesis.out_scale,
@@ -42,38 +43,40 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--overwrite", action="store_true", help="replace a previous build in --out")
 
     c = sub.add_parser("convert", help="onnxruntime-genai's builder on a Hugging Face checkpoint")
-    c.add_argument("hf_dir")
-    c.add_argument("out")
-    c.add_argument("--precision", default="int4", help="int4, fp16 or fp32 (default int4)")
+    c.add_argument("hf_dir", help="Hugging Face checkpoint folder (config.json, safetensors, tokenizer)")
+    c.add_argument("out", help="output folder (new or empty)")
+    c.add_argument("--precision", default="int4", help="int4, int8, bf16, fp16 or fp32 (default int4)")
     c.add_argument("--ep", default="cuda", help="cpu or cuda (default cuda)")
-    c.add_argument("--state-window", type=int, default=0)
-    c.add_argument("--exclude-mtp", action="store_true")
+    c.add_argument("--state-window", type=int, default=0,
+                   help="W per-token conv/recurrent states (CUDA only; default 0: none)")
+    c.add_argument("--exclude-mtp", action="store_true", help="leave the MTP head out of the folder")
     c.add_argument("--cache-dir", default=None, help="builder cache folder (default: a temporary one)")
 
     a = sub.add_parser("acceptance", help="teacher-forced greedy acceptance of a folder's MTP head (CPU)")
-    a.add_argument("folder")
-    a.add_argument("--prompts", type=int, default=4)
-    a.add_argument("--prompt-length", type=int, default=32)
-    a.add_argument("--new-tokens", type=int, default=64)
-    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("folder", help="model folder (a CPU build without a state window)")
+    a.add_argument("--prompts", type=int, default=4, help=_PROMPTS_HELP)
+    a.add_argument("--prompt-length", type=int, default=32, help=_PROMPT_LENGTH_HELP)
+    a.add_argument("--new-tokens", type=int, default=64, help=_NEW_TOKENS_HELP)
+    a.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default 0)")
 
     w = sub.add_parser("sweep", help="acceptance against the knob: builds a preset (CPU) per --mtp-noise value")
-    w.add_argument("--preset", required=True)
+    w.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
     w.add_argument("--mtp-noise", required=True, help="comma-separated values, e.g. 0,0.1,0.3")
-    w.add_argument("--precision", default="int4")
-    w.add_argument("--out-scale", type=float, default=None)
-    w.add_argument("--prompts", type=int, default=4)
-    w.add_argument("--prompt-length", type=int, default=32)
-    w.add_argument("--new-tokens", type=int, default=64)
-    w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--precision", default="int4", help=f"one of: {', '.join(PRECISIONS)} (default int4)")
+    w.add_argument("--out-scale", type=float, default=None,
+                   help=f"std of output projections relative to 1/sqrt(fan_in) (default {Synthesis.out_scale})")
+    w.add_argument("--prompts", type=int, default=4, help=_PROMPTS_HELP)
+    w.add_argument("--prompt-length", type=int, default=32, help=_PROMPT_LENGTH_HELP)
+    w.add_argument("--new-tokens", type=int, default=64, help=_NEW_TOKENS_HELP)
+    w.add_argument("--seed", type=int, default=0, help="seed of the weights and of the random prompts (default 0)")
     w.add_argument("--json", default=None, help="also write the full result here")
 
     h = sub.add_parser("head-folder", help="a standalone folder for the MTP head (og.MtpGenerator's second model)")
-    h.add_argument("folder")
-    h.add_argument("out")
+    h.add_argument("folder", help="model folder with an MTP head")
+    h.add_argument("out", help="output folder for the head (new or empty, not inside FOLDER)")
 
     t = sub.add_parser("tokenizer", help="retrain the base tokenizer on local text")
-    t.add_argument("--out", required=True)
+    t.add_argument("--out", required=True, help="tokenizer.json file to write")
     return parser
 
 
@@ -147,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         result = {"build": _build, "convert": _convert, "acceptance": _acceptance, "sweep": _sweep,
                   "head-folder": _head_folder, "tokenizer": _tokenizer}[args.command](args)
-    except (CliError, ConfigError, OutputError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+    except (UsageError, CliError, ConfigError, OutputError, FileNotFoundError, NotADirectoryError,
+            PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=2))

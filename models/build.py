@@ -11,6 +11,7 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ops.progress import progress_bar
 from ops.staging import staged_folder
 
 from .config import BuildOptions, ConfigError, Qwen35Shape
@@ -67,29 +68,47 @@ def check_out_folder(out: Path, overwrite: bool) -> None:
 def build(shape: Qwen35Shape, out: str | os.PathLike, options: BuildOptions, overwrite: bool = False,
           threads: int | None = None) -> BuildResult:
     """Writes the folder `out`. It is built in a staging folder next to it and renamed into place
-    when complete (ops.staging), so a failed or interrupted build leaves `out` as it was."""
+    when complete (ops.staging), so a failed or interrupted build leaves `out` as it was. Where
+    stderr is a terminal, a bar there counts the weight bytes written (ops.progress)."""
     shape.validate()
     options.validate()
     out = Path(out)
     check_out_folder(out, overwrite)
-    with staged_folder(out, overwrite=overwrite) as staging:
-        result = _write_folder(shape, options, staging, threads or workers())
+    with staged_folder(out, overwrite=overwrite) as staging, \
+            progress_bar(f"building {shape.name}", unit="B", unit_scale=True) as bar:
+        result = _write_folder(shape, options, staging, threads or workers(), bar)
     result.folder = str(out)  # _write_folder saw the staging folder's path
     return result
 
 
-def _write_folder(shape: Qwen35Shape, options: BuildOptions, out: Path, threads: int) -> BuildResult:
+class _CountedData(ExternalData):
+    """An external-data file that moves a progress bar by every chunk written into it."""
+
+    def __init__(self, folder: Path, filename: str, bar):
+        super().__init__(folder, filename)
+        self.bar = bar
+
+    def write(self, name, nbytes, chunks):
+        return super().write(name, nbytes, self._counted(chunks))
+
+    def _counted(self, chunks):
+        for chunk in chunks:
+            yield chunk
+            self.bar.update(chunk.nbytes)  # runs once the chunk is written: write() asks for the next
+
+
+def _write_folder(shape: Qwen35Shape, options: BuildOptions, out: Path, threads: int, bar) -> BuildResult:
     start = time.perf_counter()
     with ThreadPoolExecutor(threads) if threads > 1 else nullcontext(None) as pool:
         specials = write_tokenizer_files(out, shape.vocab_size, shape.context_length)
 
-        main_data = ExternalData(out, "model.onnx.data")
+        main_data = _CountedData(out, "model.onnx.data", bar)
         main = GraphWriter(main_data)
         build_decoder(Emitter(shape, options, main, pool), specials.all)
         main_data.close()
         save(main.to_model(VERSION), out / "model.onnx")
 
-        mtp_data = ExternalData(out, "mtp.onnx.data")
+        mtp_data = _CountedData(out, "mtp.onnx.data", bar)
         mtp = GraphWriter(mtp_data)
         build_mtp(Emitter(shape, options, mtp, pool, stream_prefix="mtp:", shared_from=main_data), specials.all)
         mtp_data.close()

@@ -4,12 +4,18 @@
     so = ort.SessionOptions()
     ops.register(so)                      # same as so.register_custom_ops_library(ops.library_path())
     session = ort.InferenceSession("model.onnx", so, providers=[...])
+
+ops.cuda_kernels_built() says whether the library has its CUDA kernels, ops.visible_gpus() which GPUs
+the NVIDIA driver lists (`python -m ops info` reports both).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
+import struct
+import subprocess
 from pathlib import Path
 
 DOMAIN = "ort_mtp"
@@ -70,3 +76,45 @@ def register(session_options) -> str:
     path = library_path()
     session_options.register_custom_ops_library(path)
     return path
+
+
+def cuda_kernels_built(path: str | os.PathLike | None = None) -> bool:
+    """Whether the library (default: library_path()) holds the CUDA kernels, read from the file
+    without loading it: nvcc puts the device code it compiles into the ELF section .nv_fatbin, which a
+    CPU-only build (no nvcc found, or ORT_MTP_CUDA=OFF) does not have. ValueError for a file that is
+    not a 64-bit ELF library."""
+    return ".nv_fatbin" in _elf_section_names(Path(path or library_path()))
+
+
+def _elf_section_names(path: Path) -> set[str]:
+    """Section names of a 64-bit little-endian ELF file (Linux on x86-64 or aarch64)."""
+    with open(path, "rb") as f:
+        header = f.read(64)
+        if header[:4] != b"\x7fELF" or header[4:6] != b"\x02\x01":
+            raise ValueError(f"{path} is not a 64-bit little-endian ELF library")
+        (table_offset,) = struct.unpack_from("<Q", header, 0x28)  # e_shoff
+        entry_size, count, names_index = struct.unpack_from("<HHH", header, 0x3A)  # e_shentsize, e_shnum, e_shstrndx
+        f.seek(table_offset)
+        table = f.read(entry_size * count)
+        # each section header starts (sh_name, sh_type, sh_flags, sh_addr, sh_offset, sh_size)
+        headers = [struct.unpack_from("<IIQQQQ", table, i * entry_size) for i in range(count)]
+        names_offset, names_size = headers[names_index][4:6]
+        f.seek(names_offset)
+        names = f.read(names_size)
+    return {names[h[0]:names.index(b"\0", h[0])].decode() for h in headers}
+
+
+def visible_gpus() -> list[str]:
+    """The NVIDIA GPUs of this machine, found without creating a CUDA context: one `nvidia-smi -L`
+    line each ("GPU 0: NAME (UUID: ...)"), or where nvidia-smi is not installed, one line per GPU the
+    NVIDIA kernel driver lists in /proc/driver/nvidia/gpus. [] means no GPU: no driver, or no device.
+    CUDA_VISIBLE_DEVICES is not applied (CUDA's own count, e.g. CuPy's, does)."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        driver_gpus = Path("/proc/driver/nvidia/gpus")
+        return [f"GPU at PCI {p.name}" for p in sorted(driver_gpus.iterdir())] if driver_gpus.is_dir() else []
+    try:
+        listed = subprocess.run([tool, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in listed.splitlines() if line.startswith("GPU ")]

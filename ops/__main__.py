@@ -1,5 +1,6 @@
 """Command line of the ops package.
 
+    python -m ops info [--json]
     python -m ops library-path
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
 
@@ -9,17 +10,23 @@ onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits
 
 from __future__ import annotations
 
-import argparse
+import importlib.metadata
+import json
+import os
 import sys
 
-from . import LibraryNotFoundError, library_path
+from . import LibraryNotFoundError, cuda_kernels_built, library_path, visible_gpus
 from .rewrite import FileReport, FolderReport, RewriteError, rewrite_path
 from .staging import OutputError
+from .usage import Parser, UsageError
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ops", description="ort_mtp custom ops for ONNX Runtime")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+def _parser() -> Parser:
+    parser = Parser(prog="python -m ops", description="ort_mtp custom ops for ONNX Runtime")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    info = commands.add_parser(
+        "info", help="say what was built and found: the library, its CUDA kernels, ONNX Runtime, GPU, CuPy")
+    info.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     commands.add_parser("library-path", help="print the path of the compiled custom-op library")
     rewrite = commands.add_parser(
         "rewrite",
@@ -45,6 +52,86 @@ def _parser() -> argparse.ArgumentParser:
                          help="also regroup the weights of the nodes that take it into the tiles layout "
                               "(packing=1, faster on CUDA), written to a new <model>.tiles.data file")
     return parser
+
+
+# -- info -------------------------------------------------------------------------------------------
+
+
+def _installed_version(*distributions: str) -> str | None:
+    """The version of the first of these distributions that is installed (read from its metadata:
+    nothing is imported)."""
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _library() -> dict:
+    try:
+        path = library_path()
+    except LibraryNotFoundError as e:
+        return {"library": None, "library_error": str(e), "cuda_kernels": None}
+    try:
+        return {"library": path, "cuda_kernels": cuda_kernels_built(path)}
+    except (OSError, ValueError) as e:  # ORT_MTP_LIBRARY names something that is not a library
+        return {"library": path, "library_error": str(e), "cuda_kernels": None}
+
+
+def _cupy() -> dict:
+    try:
+        import cupy
+    except Exception as e:  # not installed (ImportError), or installed against CUDA libraries not found
+        return {"cupy": None, "cupy_error": f"{type(e).__name__}: {e}"}
+    return {"cupy": cupy.__version__}
+
+
+def collect_info() -> dict:
+    """What `python -m ops info` reports. Cheap: no CUDA context is created, no library is loaded."""
+    import onnxruntime as ort
+
+    return {
+        "ort_mtp": _installed_version("ort-mtp"),
+        **_library(),
+        "onnxruntime": ort.__version__,
+        "providers": ort.get_available_providers(),
+        "gpus": visible_gpus(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        **_cupy(),
+        "onnxruntime_genai": _installed_version("onnxruntime-genai", "onnxruntime-genai-cuda"),
+    }
+
+
+_CUDA_KERNELS = {True: "yes (the library holds device code)",
+                 False: "no (CPU kernels only: built without nvcc, or with ORT_MTP_CUDA=OFF)",
+                 None: "unknown"}
+
+
+def info_lines(info: dict) -> list[str]:
+    """collect_info() as text: one `label: value` line per item, one per GPU."""
+    library = info["library"] or "missing"
+    if info.get("library_error"):
+        library += f" ({info['library_error']})"
+    rows = [("ort-mtp", info["ort_mtp"] or "not installed (running from the sources)"),
+            ("library", library),
+            ("CUDA kernels", _CUDA_KERNELS[info["cuda_kernels"]]),
+            ("onnxruntime", f"{info['onnxruntime']} (providers: {', '.join(info['providers'])})")]
+    rows += [("GPU", gpu) for gpu in info["gpus"] or ["none (no NVIDIA driver or device found)"]]
+    if info["cuda_visible_devices"] is not None:
+        rows.append(("GPU", f"CUDA_VISIBLE_DEVICES={info['cuda_visible_devices']!r} applies to CUDA, not to this list"))
+    rows += [("CuPy", info["cupy"] or f"not importable ({info['cupy_error']})"),
+             ("onnxruntime-genai", info["onnxruntime_genai"] or "not installed")]
+    width = max(len(label) for label, _ in rows) + 2
+    return [f"{label + ':':<{width}}{value}" for label, value in rows]
+
+
+def _print_info(as_json: bool) -> None:
+    info = collect_info()
+    print(json.dumps(info, indent=2) if as_json else "\n".join(info_lines(info)))
+
+
+# -- rewrite ----------------------------------------------------------------------------------------
 
 
 def _print_report(report, pack: bool = False) -> None:
@@ -78,14 +165,17 @@ def _print_report(report, pack: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args = _parser().parse_args(argv)
+        if args.command == "info":
+            _print_info(args.json)
+            return 0
         if args.command == "library-path":
             print(library_path())
             return 0
         report = rewrite_path(args.input, args.output, args.include, args.exclude, args.library,
                               require_rewrite=True, pack=args.pack)
-    except (RewriteError, OutputError, LibraryNotFoundError) as e:
+    except (UsageError, RewriteError, OutputError, LibraryNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # permissions, full disk, ...: the system's message names the file

@@ -150,13 +150,20 @@ class ExternalWeights:
         t.ClearField("raw_data")
 
 
-def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None) -> tuple[int, list[tuple[str, str]]]:
+def our_matmul_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The ort_mtp MatMulNBits nodes of the main graph: the nodes pack_model looks at."""
+    return [node for node in model.graph.node if node.domain == DOMAIN and node.op_type == MATMUL_NBITS]
+
+
+def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None,
+               on_node=None) -> tuple[int, list[tuple[str, str]]]:
     """Packs, in place, every ort_mtp MatMulNBits node of the main graph that the tiles layout takes
     and whose B and scales are initializers used by no other node: the initializers are rewritten and
     the node gets packing=1. Returns (nodes packed, [(node, why not)] for the other ort_mtp
     MatMulNBits nodes). Weights stored as external data are packed through `external` (read from the
     model's folder, written to a new file); without it they must have been loaded
-    (onnx.load(..., load_external_data=True)), else the node is skipped."""
+    (onnx.load(..., load_external_data=True)), else the node is skipped. on_node(), if given, is
+    called once each of our_matmul_nodes(model) is done with (a progress hook)."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     uses: dict[str, int] = {}
@@ -164,9 +171,7 @@ def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None) 
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
     packed, skipped = 0, []
-    for node in graph.node:
-        if node.domain != DOMAIN or node.op_type != MATMUL_NBITS:
-            continue
+    for node in _each_then(our_matmul_nodes(model), on_node):
         label = node.name or (node.output[0] if node.output else "?")
         attrs = _attributes(node)
         if attrs.get(PACKING_ATTRIBUTE, 0) == TILES:
@@ -200,6 +205,15 @@ def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None) 
         node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, PACKING_ATTRIBUTE: TILES}.items())
         packed += 1
     return packed, skipped
+
+
+def _each_then(items, after):
+    """Yields each item, then calls after() once the loop body is done with it (whichever way it
+    continues); after=None: the items alone."""
+    for item in items:
+        yield item
+        if after is not None:
+            after()
 
 
 def _stored_where(t: onnx.TensorProto) -> str:

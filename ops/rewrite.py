@@ -36,6 +36,7 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from . import DOMAIN, MATMUL_NBITS, library_path, packing
+from .progress import progress_bar
 from .staging import check_output, staged_files, staged_folder
 
 SOURCE_DOMAIN = "com.microsoft"
@@ -314,10 +315,13 @@ def _pack(model: onnx.ModelProto, report: ModelReport, source: Path, output: Pat
     """pack=True: the swapped nodes the tiles layout takes get packed weights (ops.packing), read
     from the model file `source`'s folder. Those stored as external data are written to a new file
     next to `output` (where the model is written), `<output name>.tiles.data`; the original data
-    files are carried over as usual (other tensors may still need them)."""
+    files are carried over as usual (other tensors may still need them). Where stderr is a terminal,
+    a bar there counts the nodes (ops.progress)."""
     try:
         external = packing.ExternalWeights(source.parent, _tiles_data(output))
-        report.packed, report.not_packed = packing.pack_model(model, external)
+        nodes = len(packing.our_matmul_nodes(model))
+        with progress_bar(f"packing {source.name}", total=nodes, unit="node") as bar:
+            report.packed, report.not_packed = packing.pack_model(model, external, on_node=bar.update)
     except (ValueError, OSError) as e:  # the message names the node, the initializer and its data file
         raise RewriteError(f"cannot pack {source}: {e}") from None
 

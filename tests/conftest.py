@@ -1,10 +1,22 @@
-"""Shared fixtures: the custom-op library and CPU sessions that have it registered."""
+"""Shared fixtures: the custom-op library, CPU sessions that have it registered, and the model folders
+the driver tests run (each built once per test session and only read: a test that changes a folder
+works on its own copy)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import onnx
 import onnxruntime as ort
 import pytest
 
 import ops
+import ops.progress
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +39,80 @@ def cpu_session(library_path):
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
     return make
+
+
+class _Terminal(io.StringIO):
+    """A stream that says it is a terminal, as sys.stdout and sys.stderr are in an interactive shell,
+    and keeps what is written to it."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture()
+def terminal(monkeypatch):
+    """terminal("stderr") (or "stdout") replaces that stream with a terminal and returns it. Progress
+    bars show at once: the tests' steps end before ops.progress's real delay."""
+    monkeypatch.setattr(ops.progress, "DELAY_S", 0)
+
+    def attach(name: str) -> _Terminal:
+        stream = _Terminal()
+        monkeypatch.setattr(sys, name, stream)
+        return stream
+
+    return attach
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory) -> Path:
+    """The models package's tiny preset (int4, CPU): what the README's first command runs."""
+    from models.build import build
+    from models.config import BuildOptions, preset
+
+    out = tmp_path_factory.mktemp("tiny") / "model"
+    build(preset("tiny"), out, BuildOptions(precision="int4", ep="cpu"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def builder_folders(tmp_path_factory) -> dict[str, Path]:
+    """onnxruntime-genai's builder on the tiny random checkpoint (genai_builder.py): int4 for CPU, and
+    for CUDA with state_window=4 (read here, run only on a GPU). The two builder runs go at once:
+    each is a Python process that spends most of its time importing torch, so a second core halves
+    the wait."""
+    from genai_builder import make_checkpoint, run_genai_builder
+
+    checkpoint = make_checkpoint(tmp_path_factory.mktemp("hf") / "hf")
+    targets = {"cpu": ("cpu", None), "cuda-w4": ("cuda", "state_window=4")}
+    with ThreadPoolExecutor(len(targets)) as pool:
+        runs = {name: pool.submit(run_genai_builder, checkpoint, tmp_path_factory.mktemp(f"genai-{name}") / "model",
+                                  ep, extra)
+                for name, (ep, extra) in targets.items()}
+    return {name: run.result() for name, run in runs.items()}
+
+
+@pytest.fixture(scope="session")
+def builder_folder(builder_folders) -> Path:
+    """The builder's int4 CPU export, as it wrote it (shared_initializers included: the builder shares
+    the embedding and lm_head between model.onnx and mtp.onnx)."""
+    return builder_folders["cpu"]
+
+
+@pytest.fixture(scope="session")
+def builder_windowed_folder(builder_folders) -> Path:
+    """The builder's CUDA export of the same checkpoint with state_window=4."""
+    return builder_folders["cuda-w4"]
+
+
+@pytest.fixture(scope="session")
+def builder_loadable_copy(builder_folder, tmp_path_factory) -> Path:
+    """builder_folder as onnxruntime-genai 0.18 itself loads it on CPU: it refuses a genai_config with
+    shared_initializers there ("GetMemoryInfo for CPU should not be used"), so the copy drops that
+    key; the graphs and weights are the same files (mtp.onnx still reads model.onnx.data)."""
+    dst = tmp_path_factory.mktemp("genai-copy") / "model"
+    shutil.copytree(builder_folder, dst)
+    config = json.loads((dst / "genai_config.json").read_text())
+    for section in ("decoder", "mtp"):
+        config["model"].get(section, {}).pop("shared_initializers", None)
+    (dst / "genai_config.json").write_text(json.dumps(config, indent=4))
+    return dst

@@ -1,4 +1,4 @@
-"""`python -m driver generate`: output, JSON, and one-line errors for user mistakes."""
+"""`python -m driver generate`: output, JSON, progress, and one-line errors for user mistakes."""
 
 from __future__ import annotations
 
@@ -6,12 +6,15 @@ import json
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 
+import ops
+import ops.progress
 from driver.cli import main as cli_main
-from test_driver_support import tiny_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,36 +43,45 @@ def one_line_error(capsys, argv, *needles: str) -> str:
 
 
 @pytest.fixture()
-def folder_copy(tmp_path) -> Path:
+def folder_copy(tiny_folder, tmp_path) -> Path:
     dst = tmp_path / "model"
-    shutil.copytree(tiny_folder(), dst)
+    shutil.copytree(tiny_folder, dst)
     return dst
 
 
-def test_generate_streams_text_and_ends_with_stats():
-    done = run_cli("generate", "--model", str(tiny_folder()), "--prompt", "def main():", "--max-new-tokens", "12",
-                   "--draft-tokens", "2")
-    assert done.returncode == 0, done.stderr
-    last = done.stdout.rstrip("\n").splitlines()[-1]
-    assert "tok/s" in last and "acceptance" in last and "tokens/round" in last and "verify=" in last
+def assert_stats_line(line: str) -> None:
+    assert "tok/s" in line and "acceptance" in line and "tokens/round" in line and "verify=" in line, line
 
 
-def test_without_model_the_tiny_preset_is_built_once(tmp_path, monkeypatch):
+def test_generate_prints_the_prompt_then_its_continuation_and_stats_on_stderr(tiny_folder, capsys):
+    argv = ["generate", "--model", str(tiny_folder), "--prompt", "def main():", "--max-new-tokens", "12",
+            "--draft-tokens", "2"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert main([*argv, "--json"]) == 0
+    continuation = json.loads(capsys.readouterr().out)["text"]
+    assert continuation and out == "def main():" + continuation + "\n"
+    assert_stats_line(err.rstrip("\n").splitlines()[-1])
+
+
+def test_without_model_the_tiny_preset_is_built_once(tmp_path, monkeypatch, capsys):
     """The README's first command: no --model, a fresh cache."""
     monkeypatch.setenv("ORT_MTP_CACHE", str(tmp_path / "cache"))
-    first = run_cli("generate", "--prompt", "Once upon a time", "--max-new-tokens", "8", "--threads", "1")
-    assert first.returncode == 0, first.stderr
-    assert "building the default model" in first.stderr and str(tmp_path / "cache") in first.stderr
+    argv = ["generate", "--prompt", "Once upon a time", "--max-new-tokens", "8"]
+    assert main(argv) == 0
+    first = capsys.readouterr()
+    assert "building the default model" in first.err and str(tmp_path / "cache") in first.err
     built = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
     assert len(built) == 1 and (built[0] / "genai_config.json").is_file()
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [built[0].name]  # no staging left behind
-    second = run_cli("generate", "--prompt", "Once upon a time", "--max-new-tokens", "8", "--threads", "1")
-    assert second.returncode == 0 and "building" not in second.stderr
-    assert first.stdout.splitlines()[:-1] == second.stdout.splitlines()[:-1]  # same text; stats differ
+    assert main(argv) == 0
+    second = capsys.readouterr()
+    assert "building" not in second.err
+    assert first.out.startswith("Once upon a time") and first.out == second.out  # same text; stats differ
 
 
-def test_generate_json(capsys):
-    rc = main(["generate", "--model", str(tiny_folder()), "--prompt", "import os", "--max-new-tokens", "10",
+def test_generate_json(tiny_folder, capsys):
+    rc = main(["generate", "--model", str(tiny_folder), "--prompt", "import os", "--max-new-tokens", "10",
                "--json", "--profile"])
     out, _ = capsys.readouterr()
     assert rc == 0
@@ -81,10 +93,10 @@ def test_generate_json(capsys):
     assert "verify" in stats["phase_ms_per_round"]
 
 
-def test_greedy_json_matches_mtp_json(capsys):
+def test_greedy_json_matches_mtp_json(tiny_folder, capsys):
     outs = []
     for mode in ("greedy", "mtp"):
-        assert main(["generate", "--model", str(tiny_folder()), "--prompt", "class A:", "--max-new-tokens", "16",
+        assert main(["generate", "--model", str(tiny_folder), "--prompt", "class A:", "--max-new-tokens", "16",
                      "--mode", mode, "--json"]) == 0
         outs.append(json.loads(capsys.readouterr()[0]))
     assert outs[0]["tokens"] == outs[1]["tokens"]
@@ -103,8 +115,8 @@ def test_the_folder_is_never_written(folder_copy, capsys):
     assert snapshot() == before
 
 
-def test_user_mistakes_are_one_line_errors(tmp_path, folder_copy, capsys):
-    model = str(tiny_folder())
+def test_user_mistakes_are_one_line_errors(tiny_folder, tmp_path, folder_copy, capsys):
+    model = str(tiny_folder)
     one_line_error(capsys, ["generate", "--model", str(tmp_path / "nope"), "--prompt", "x"], "does not exist")
     (tmp_path / "file").write_text("x")
     one_line_error(capsys, ["generate", "--model", str(tmp_path / "file"), "--prompt", "x"], "is not a folder")
@@ -120,7 +132,7 @@ def test_user_mistakes_are_one_line_errors(tmp_path, folder_copy, capsys):
     one_line_error(capsys, ["generate", "--model", model], "--prompt")
 
 
-def test_cuda_without_a_gpu_is_a_one_line_error(capsys):
+def test_cuda_without_a_gpu_is_a_one_line_error(tiny_folder, capsys):
     try:
         import cupy
 
@@ -128,8 +140,35 @@ def test_cuda_without_a_gpu_is_a_one_line_error(capsys):
             pytest.skip("a CUDA GPU is visible here; this test is about machines without one")
     except Exception:
         pass
-    one_line_error(capsys, ["generate", "--model", str(tiny_folder()), "--prompt", "x", "--provider", "cuda"],
+    one_line_error(capsys, ["generate", "--model", str(tiny_folder), "--prompt", "x", "--provider", "cuda"],
                    "--provider cuda")
+
+
+def _fake_cupy(devices: int):
+    """The part of CuPy the CUDA device's checks read: the number of GPUs CUDA sees."""
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: devices, CUDARuntimeError=RuntimeError)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=runtime))
+
+
+@pytest.mark.parametrize("cuda_ep, cupy_gpus, listed_gpus, missing", [
+    (True, None, [], {"CuPy", "GPU"}),           # this CI machine: neither CuPy nor a GPU
+    (True, None, ["GPU 0: NVIDIA H200"], {"CuPy"}),
+    (True, 0, [], {"GPU"}),                       # CuPy installed, no GPU
+    (False, 1, ["GPU 0: NVIDIA H200"], {"onnxruntime-gpu"}),
+])
+def test_cuda_names_everything_it_is_missing(tiny_folder, capsys, monkeypatch, cuda_ep, cupy_gpus, listed_gpus,
+                                             missing):
+    """--provider cuda names, in one line, each of onnxruntime-gpu, CuPy and a visible GPU that is
+    missing, and nothing that is there (without CuPy the GPUs are counted by ops.visible_gpus).
+    Needs the change to driver/device.py's CudaDevice checks that reports them all at once."""
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if cuda_ep else ["CPUExecutionProvider"]
+    monkeypatch.setattr(ort, "get_available_providers", lambda: providers)
+    monkeypatch.setitem(sys.modules, "cupy", None if cupy_gpus is None else _fake_cupy(cupy_gpus))  # None: no CuPy
+    monkeypatch.setattr(ops, "visible_gpus", lambda: listed_gpus)
+    line = one_line_error(capsys, ["generate", "--model", str(tiny_folder), "--prompt", "x", "--provider", "cuda"],
+                          "--provider cuda")
+    for name in {"onnxruntime-gpu", "CuPy", "GPU"}:
+        assert (name in line) == (name in missing), line
 
 
 def test_broken_folders(folder_copy, capsys):
@@ -178,11 +217,39 @@ def test_real_process_error_has_no_traceback(tmp_path):
     assert done.stderr.strip().splitlines() == [f"error: model folder {tmp_path / 'missing'} does not exist"]
 
 
-def test_identity_command_names_the_ops_whose_rows_differ(capsys):
-    assert main(["identity", "--model", str(tiny_folder()), "--width", "3", "--json"]) == 0
+def test_identity_command_names_the_ops_whose_rows_differ(tiny_folder, capsys):
+    assert main(["identity", "--model", str(tiny_folder), "--width", "3", "--json"]) == 0
     report = json.loads(capsys.readouterr()[0])
     rows = report["rows"]
     assert rows["width"] == 3 and rows["argmax_equal"] == [True] * 3
     assert rows["kv_max_diff"] < 1e-5 and rows["state_max_diff"] < 1e-5
     assert {o["op"] for o in report["origins"]} <= {"GroupQueryAttention"}
-    one_line_error(capsys, ["identity", "--model", str(tiny_folder()), "--width", "1"], "--width")
+    one_line_error(capsys, ["identity", "--model", str(tiny_folder), "--width", "1"], "--width")
+
+
+# -- progress ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("json_mode, stdout_is_terminal, bar", [
+    (True, True, True),     # nothing streams until the end: the bar shows how far it got
+    (False, False, True),   # the text goes to a file or a pipe
+    (False, True, False),   # the text streams to the terminal: it is the progress, a bar would break it
+])
+def test_generation_progress_is_a_bar_on_a_terminal_stderr(tiny_folder, terminal, capsys, json_mode,
+                                                           stdout_is_terminal, bar):
+    err = terminal("stderr")
+    out = terminal("stdout") if stdout_is_terminal else None
+    argv = ["generate", "--model", str(tiny_folder), "--prompt", "x = 1", "--max-new-tokens", "6"]
+    assert main(argv + (["--json"] if json_mode else [])) == 0
+    assert ("generating" in err.getvalue() and "/6 [" in err.getvalue()) == bar, err.getvalue()  # n/6 tokens
+    printed = out.getvalue() if out else capsys.readouterr().out
+    if json_mode:
+        assert len(json.loads(printed)["tokens"]) == 6  # stdout holds the JSON alone
+    else:
+        assert printed.startswith("x = 1") and "generating" not in printed
+
+
+def test_generation_shows_no_bar_where_stderr_is_not_a_terminal(tiny_folder, capsys, monkeypatch):
+    monkeypatch.setattr(ops.progress, "DELAY_S", 0)  # so that only the missing terminal can hide the bar
+    assert main(["generate", "--model", str(tiny_folder), "--prompt", "x = 1", "--max-new-tokens", "6", "--json"]) == 0
+    assert capsys.readouterr().err == ""

@@ -18,24 +18,25 @@ import pytest
 
 import ops.rewrite
 from driver import Generator
+from driver.identity import SAMPLE_PROMPTS as PROMPTS
 from genai_helpers import genai_greedy
-from test_driver_support import PROMPTS, genai_folder, genai_loadable_copy, tiny_folder
 
 og = pytest.importorskip("onnxruntime_genai", reason="onnxruntime-genai is the reference here")
 
 NEW_TOKENS = 24
 
 
-# (folder the driver runs, folder onnxruntime-genai 0.18 loads on CPU: the same graphs and weights)
+# (fixture of the folder the driver runs, of the folder onnxruntime-genai 0.18 loads on CPU: the same
+# graphs and weights)
 FOLDERS = {
-    "models-tiny": lambda: (tiny_folder(), tiny_folder()),  # CPU builds carry no shared_initializers
-    "genai-builder": lambda: (genai_folder(), genai_loadable_copy()),
+    "models-tiny": ("tiny_folder", "tiny_folder"),  # CPU builds carry no shared_initializers
+    "genai-builder": ("builder_folder", "builder_loadable_copy"),
 }
 
 
 @pytest.fixture(scope="module", params=sorted(FOLDERS))
 def folders(request, tmp_path_factory):
-    ours, loadable = FOLDERS[request.param]()
+    ours, loadable = (request.getfixturevalue(name) for name in FOLDERS[request.param])
     rewritten = tmp_path_factory.mktemp("genai-rewritten") / "model"
     assert ops.rewrite.rewrite_folder(loadable, rewritten).count > 0
     return ours, og.Model(str(loadable)), og.Model(str(rewritten))
@@ -62,15 +63,15 @@ def test_mtp_equals_genai_greedy(folders):
         assert ours.generate(ids, NEW_TOKENS).tokens == genai_greedy(rewritten_reference, ids, NEW_TOKENS)
 
 
-def test_cli_on_the_builders_folder(tmp_path):
+def test_cli_on_the_builders_folder(builder_folder, builder_loadable_copy, tmp_path):
     """The command a user runs, on the folder onnxruntime-genai's builder wrote (shared_initializers
     and all): MTP output equals genai's greedy on the same (rewritten) graphs."""
     rewritten = tmp_path / "rewritten"
-    ops.rewrite.rewrite_folder(genai_loadable_copy(), rewritten)
-    done = subprocess.run([sys.executable, "-m", "driver", "generate", "--model", str(genai_folder()), "--prompt",
+    ops.rewrite.rewrite_folder(builder_loadable_copy, rewritten)
+    done = subprocess.run([sys.executable, "-m", "driver", "generate", "--model", str(builder_folder), "--prompt",
                            "def main():", "--max-new-tokens", "20", "--json", "--threads", "1"],
                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    ours = Generator(genai_folder(), provider="cpu", mode="greedy", max_length=64, threads=1)
+    ours = Generator(builder_folder, provider="cpu", mode="greedy", max_length=64, threads=1)
     assert result["tokens"] == genai_greedy(og.Model(str(rewritten)), ours.encode("def main():"), 20)

@@ -11,15 +11,14 @@ from driver import DriverError, Generator, identity
 from driver.copy_slots import SlotPromoter
 from driver.device import CpuDevice
 from driver.folder import StateTensor, read_folder
-from test_driver_support import genai_folder, genai_windowed_folder, tiny_folder
 
 PROMPT = list(range(3, 60, 4))
 TOKENS = [176, 439, 342, 370, 93]
 
 
 @pytest.fixture(scope="module")
-def folder():
-    return read_folder(tiny_folder())
+def folder(tiny_folder):
+    return read_folder(tiny_folder)
 
 
 @pytest.mark.parametrize("width", [2, 4])
@@ -32,13 +31,12 @@ def test_verify_state_equals_decode_state_up_to_attention_rounding(folder, width
 
 
 @pytest.mark.parametrize("width", [2, 5])
-def test_verify_commits_the_decode_state_exactly_when_attention_is_last(width):
+def test_verify_commits_the_decode_state_exactly_when_attention_is_last(builder_folder, width):
     """The builder's folder has one attention layer, the last: nothing downstream of attention is
     state, so the KV rows and the Gated DeltaNet conv + recurrent states a verify commits are
     bit-identical to the decode steps' (LinearAttention and CausalConvWithState over T tokens equal
     T single-token calls)."""
-    builder_folder = read_folder(genai_folder())
-    result = identity.rows(builder_folder, PROMPT, TOKENS[:width], threads=1)
+    result = identity.rows(read_folder(builder_folder), PROMPT, TOKENS[:width], threads=1)
     assert result["kv_max_diff"] == 0.0
     assert result["state_max_diff"] == 0.0
     assert result["argmax_equal"] == [True] * width
@@ -53,8 +51,8 @@ def test_only_attention_rows_differ_with_our_matmul(folder):
         assert entry["row_max_diff"] and max(entry["row_max_diff"]) < 1e-4
 
 
-def test_windowed_folder_is_read_with_its_window():
-    folder = read_folder(genai_windowed_folder())
+def test_windowed_folder_is_read_with_its_window(builder_windowed_folder):
+    folder = read_folder(builder_windowed_folder)
     assert folder.main.state_window == 4
     conv = next(s for s in folder.main.recurrent if s.kind == "conv")
     recurrent = next(s for s in folder.main.recurrent if s.kind == "recurrent")

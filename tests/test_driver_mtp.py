@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from driver import Generator
-from test_driver_support import PROMPTS, tiny_folder
+from driver.identity import SAMPLE_PROMPTS as PROMPTS
 
 NEW_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def generator():
-    return Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, max_length=128, threads=1)
+def generator(tiny_folder):
+    return Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=3, max_length=128, threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -44,17 +44,17 @@ def test_mtp_equals_greedy_over_prompts(generator, greedy_streams, k):
     assert 0 < totals["accepted"] < totals["drafted"]
 
 
-def test_replay_policy_is_the_cpu_path(generator, greedy_streams):
+def test_replay_policy_is_the_cpu_path(tiny_folder, greedy_streams):
     """commit='replay' (what forces the snapshot path on a windowed model) changes nothing on CPU."""
-    forced = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=2, commit="replay", max_length=128,
+    forced = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=2, commit="replay", max_length=128,
                        threads=1)
     for prompt in PROMPTS[:6]:
         result = forced.generate(prompt, NEW_TOKENS, stop_at_eos=False)
         assert result.tokens == greedy_streams[prompt]
 
 
-def test_chunked_prefill_matches_one_forward(generator, greedy_streams):
-    chunked = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, prefill_chunk=3, max_length=128,
+def test_chunked_prefill_matches_one_forward(tiny_folder, greedy_streams):
+    chunked = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=3, prefill_chunk=3, max_length=128,
                         threads=1)
     for prompt in PROMPTS[:8]:
         assert chunked.generate(prompt, NEW_TOKENS, mode="greedy", stop_at_eos=False).tokens == greedy_streams[prompt]
@@ -63,8 +63,8 @@ def test_chunked_prefill_matches_one_forward(generator, greedy_streams):
         assert result.stats.forwards["prefill"] == -(-result.stats.prompt_tokens // 3)
 
 
-def test_generation_stops_at_eos_and_at_max_tokens(monkeypatch):
-    gen = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, max_length=64, threads=1)
+def test_generation_stops_at_eos_and_at_max_tokens(tiny_folder, monkeypatch):
+    gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=3, max_length=64, threads=1)
     ids = gen.encode("def main():")
     greedy = gen.generate(ids, 12, mode="greedy", stop_at_eos=False).tokens
     assert len(greedy) == 12
@@ -81,20 +81,20 @@ def test_generation_stops_at_eos_and_at_max_tokens(monkeypatch):
     assert gen.generate(ids, 12).tokens == expected
 
 
-def test_profiler_reports_phases_only_when_asked(monkeypatch):
-    quiet = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=2, max_length=64, threads=1)
+def test_profiler_reports_phases_only_when_asked(tiny_folder, monkeypatch):
+    quiet = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=2, max_length=64, threads=1)
     assert quiet.generate("def main():", 12).stats.phase_ms == {}
     monkeypatch.setenv("DRIVER_PROFILE", "1")
-    loud = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=2, max_length=64, threads=1)
+    loud = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=2, max_length=64, threads=1)
     phases = loud.generate("def main():", 12, stop_at_eos=False).stats.as_dict()["phase_ms_per_round"]
     assert {"draft", "verify", "accept", "host overhead", "round"} <= set(phases)
     assert all(v >= 0 for v in phases.values())
 
 
-def test_every_round_forward_gets_a_graph_id_per_width_and_parity():
+def test_every_round_forward_gets_a_graph_id_per_width_and_parity(tiny_folder):
     """The CUDA-graph bookkeeping, run on the CPU EP (which ignores gpu_graph_id): every forward of
     a round is tagged 1 + 2*width + parity, prefill chunks wider than 9 run untagged (eager)."""
-    gen = Generator(tiny_folder(), provider="cpu", mode="mtp", draft_tokens=3, max_length=128, threads=1)
+    gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=3, max_length=128, threads=1)
     gen.device.graph_capture = True
     prompt = gen.encode("class Parser:\n    def __init__(self, text):")
     assert len(prompt) > 10

@@ -17,24 +17,23 @@ import pytest
 from driver import DriverError, Generator
 from driver.generator import available_cores
 from test_driver_cli import REPO, main, one_line_error
-from test_driver_support import tiny_folder
 
 CONFIG = "genai_config.json"
 
 
 @pytest.fixture(scope="module")
-def shared_copy(tmp_path_factory) -> Path:
+def shared_copy(tiny_folder, tmp_path_factory) -> Path:
     dst = tmp_path_factory.mktemp("reliability") / "model"
-    shutil.copytree(tiny_folder(), dst)
+    shutil.copytree(tiny_folder, dst)
     return dst
 
 
 @pytest.fixture()
-def folder(shared_copy):
+def folder(shared_copy, tiny_folder):
     """The module's copy of the tiny folder; whatever a test breaks in it is mended afterwards."""
     yield shared_copy
     shared_copy.chmod(0o755)
-    for src in tiny_folder().iterdir():
+    for src in tiny_folder.iterdir():
         dst = shared_copy / src.name
         if dst.exists():
             dst.chmod(0o644)
@@ -53,37 +52,37 @@ def generate(folder: Path, *extra: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def greedy():
-    return Generator(tiny_folder(), provider="cpu", mode="greedy", max_length=32, threads=1)
+def greedy(tiny_folder):
+    return Generator(tiny_folder, provider="cpu", mode="greedy", max_length=32, threads=1)
 
 
 # -- options ----------------------------------------------------------------------------------------
 
 
-def test_threads_are_bounded_by_the_cores_present(capsys):
+def test_threads_are_bounded_by_the_cores_present(tiny_folder, capsys):
     cores = available_cores()
     for threads in ("0", "-1", str(cores + 1), "100000"):
-        one_line_error(capsys, generate(tiny_folder(), "--threads", threads), f"from 1 to {cores}", f"got {threads}")
+        one_line_error(capsys, generate(tiny_folder, "--threads", threads), f"from 1 to {cores}", f"got {threads}")
     for threads in (0, cores + 1, 1.5):
         with pytest.raises(DriverError, match=f"threads must be an integer from 1 to {cores}"):
-            Generator(tiny_folder(), mode="greedy", max_length=32, threads=threads)
-    assert Generator(tiny_folder(), mode="greedy", max_length=32, threads=cores).device.threads == cores
+            Generator(tiny_folder, mode="greedy", max_length=32, threads=threads)
+    assert Generator(tiny_folder, mode="greedy", max_length=32, threads=cores).device.threads == cores
 
 
-def test_prefill_chunk_is_capped_by_the_context(capsys):
-    one_line_error(capsys, generate(tiny_folder(), "--prefill-chunk", "100000000"), "prefill chunk",
+def test_prefill_chunk_is_capped_by_the_context(tiny_folder, capsys):
+    one_line_error(capsys, generate(tiny_folder, "--prefill-chunk", "100000000"), "prefill chunk",
                    "context length 4096", "got 100000000")
-    one_line_error(capsys, generate(tiny_folder(), "--prefill-chunk", "0"), "prefill chunk", "got 0")
+    one_line_error(capsys, generate(tiny_folder, "--prefill-chunk", "0"), "prefill chunk", "got 0")
     with pytest.raises(DriverError, match="prefill chunk"):
-        Generator(tiny_folder(), mode="greedy", max_length=32, prefill_chunk=4097, threads=1)
+        Generator(tiny_folder, mode="greedy", max_length=32, prefill_chunk=4097, threads=1)
     # within the context but past max_length: buffers sized for max_length, the rows a prompt can fill
-    gen = Generator(tiny_folder(), mode="greedy", max_length=32, prefill_chunk=4096, threads=1)
+    gen = Generator(tiny_folder, mode="greedy", max_length=32, prefill_chunk=4096, threads=1)
     assert gen.prefill_chunk == 32 and gen.main.logits.shape[1] == 32
 
 
-def test_a_prompt_that_is_not_utf8_is_a_one_line_error(capsys, greedy):
+def test_a_prompt_that_is_not_utf8_is_a_one_line_error(tiny_folder, capsys, greedy):
     prompt = os.fsdecode(b"hi\xff\xfe")  # what Python makes of such bytes in argv: lone surrogates
-    one_line_error(capsys, ["generate", "--model", str(tiny_folder()), "--prompt", prompt], "not valid UTF-8",
+    one_line_error(capsys, ["generate", "--model", str(tiny_folder), "--prompt", prompt], "not valid UTF-8",
                    "byte 0xff")
     with pytest.raises(DriverError, match="not valid UTF-8"):
         greedy.generate("\ud800 lone", 2)
@@ -194,11 +193,11 @@ def test_a_missing_head_blocks_only_mtp(folder, capsys):
                    "--mode greedy")
 
 
-def test_a_library_that_is_not_one_is_named(capsys, monkeypatch, tmp_path):
+def test_a_library_that_is_not_one_is_named(tiny_folder, capsys, monkeypatch, tmp_path):
     fake = tmp_path / "libfake.so"
     fake.write_text("not a shared library")
     monkeypatch.setenv("ORT_MTP_LIBRARY", str(fake))
-    one_line_error(capsys, generate(tiny_folder()), f"{fake} is not a usable ONNX Runtime custom-op library")
+    one_line_error(capsys, generate(tiny_folder), f"{fake} is not a usable ONNX Runtime custom-op library")
 
 
 def test_ort_prints_nothing_above_our_error(folder, capfd, monkeypatch):
@@ -234,10 +233,10 @@ def test_ctrl_c_while_starting_exits_130_quietly():
     assert (done.returncode, done.stdout, done.stderr) == (130, "", "")
 
 
-def test_ctrl_c_while_generating_exits_130_without_a_traceback(capsys, monkeypatch):
+def test_ctrl_c_while_generating_exits_130_without_a_traceback(tiny_folder, capsys, monkeypatch):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Generator, "generate", interrupted)
-    assert main(generate(tiny_folder())) == 130
+    assert main(generate(tiny_folder)) == 130
     assert "Traceback" not in capsys.readouterr().err

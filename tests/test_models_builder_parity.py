@@ -9,6 +9,7 @@ and shapes, initializer names/dtypes/shapes/data files, value_info, genai_config
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import onnx
@@ -37,13 +38,31 @@ def hf_tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def converted(hf_tiny, tmp_path_factory):
+def builder_runs(hf_tiny, tmp_path_factory):
+    """Every builder run of the module, started at once, two at a time: each is a Python process that
+    spends most of its time importing torch, so a second core halves the wait. key -> (output folder,
+    future of convert()'s report) for each of TARGETS, "no-mtp" (fp32 CPU without the head) and
+    "broken" (a checkpoint of a model type the builder does not know)."""
+    broken = tmp_path_factory.mktemp("broken") / "hf"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"], "model_type": "nope"}')
+    jobs = {(precision, ep, window): (hf_tiny, dict(precision=precision, ep=ep, state_window=window))
+            for precision, ep, window in TARGETS}  # submitted first: the module's first tests read them
+    jobs["no-mtp"] = (hf_tiny, dict(precision="fp32", ep="cpu", exclude_mtp=True))
+    jobs["broken"] = (broken, dict(precision="fp32", ep="cpu"))
+    pool = ThreadPoolExecutor(2)
+    runs = {}
+    for key, (checkpoint, options) in jobs.items():
+        out = tmp_path_factory.mktemp("builder") / "model"
+        runs[key] = (out, pool.submit(convert, checkpoint, out, **options))
+    pool.shutdown(wait=False)  # the runs go on; each test waits for the one it reads
+    return runs
+
+
+@pytest.fixture(scope="module")
+def converted(builder_runs):
     """The builder's folders, one per target, made once for the module."""
-    made = {}
-    for precision, ep, window in TARGETS:
-        out = tmp_path_factory.mktemp(f"builder_{precision}_{ep}_{window}") / "model"
-        made[precision, ep, window] = (out, convert(hf_tiny, out, precision=precision, ep=ep, state_window=window))
-    return made
+    return {target: (out, run.result()) for target, (out, run) in builder_runs.items() if target in TARGETS}
 
 
 @pytest.mark.parametrize("precision, ep, window", TARGETS)
@@ -84,17 +103,14 @@ def test_convert_cuda_keeps_shared_initializers_and_state_window(converted):
     assert conv.type.tensor_type.shape.dim[0].dim_value == 4
 
 
-def test_convert_exclude_mtp(hf_tiny, tmp_path):
-    out = tmp_path / "no_mtp"
-    convert(hf_tiny, out, precision="fp32", ep="cpu", exclude_mtp=True)
+def test_convert_exclude_mtp(builder_runs):
+    out, run = builder_runs["no-mtp"]
+    run.result()
     config = json.loads((out / "genai_config.json").read_text())
     assert "mtp" not in config["model"] and not (out / "mtp.onnx").exists()
 
 
-def test_convert_reports_a_failed_builder_run_in_one_line(tmp_path):
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "config.json").write_text('{"architectures": ["NoSuchModelForCausalLM"], "model_type": "nope"}')
+def test_convert_reports_a_failed_builder_run_in_one_line(builder_runs):
     with pytest.raises(ConvertError, match="builder failed") as info:
-        convert(broken, tmp_path / "out", precision="fp32", ep="cpu")
+        builder_runs["broken"][1].result()
     assert "\n" not in str(info.value)

@@ -1,4 +1,6 @@
-"""`python -m models`: a bad preset, folder or knob is one line on stderr and a non-zero exit."""
+"""`python -m models`: a bad preset, folder or knob is one line on stderr and exit status 2.
+
+The cases run the CLI in this process (models.__main__.main); one test runs it as a command."""
 
 from __future__ import annotations
 
@@ -12,28 +14,32 @@ from pathlib import Path
 
 import pytest
 
+import ops.progress
 from models.__main__ import main as models_main
 
 
-def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "models", *args], capture_output=True, text=True, cwd=cwd)
-
-
-def assert_one_line_error(result, *fragments):
-    assert result.returncode == 2, result
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0]
-
-
 def test_build_writes_a_folder_and_reports_it(tmp_path):
-    result = run("build", "--preset", "tiny", "--out", str(tmp_path / "m"), "--seed", "3", "--mtp-noise", "0.2")
+    """`python -m models` as a command: exit 0, the JSON report on stdout, nothing on stderr."""
+    result = subprocess.run([sys.executable, "-m", "models", "build", "--preset", "tiny", "--out", str(tmp_path / "m"),
+                             "--seed", "3", "--mtp-noise", "0.2"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
     report = json.loads(result.stdout)
     assert report["preset"] == "tiny" and report["seed"] == 3 and report["mtp_noise"] == 0.2
     assert report["bytes_on_disk"] == sum(p.stat().st_size for p in (tmp_path / "m").iterdir())
+
+
+def assert_one_line_error(capsys, argv, *fragments):
+    """The CLI on argv exits with status 2 after printing one `error:` line holding every fragment on
+    stderr, no traceback, and nothing on stdout."""
+    code = models_main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert "Traceback" not in err and out == ""
+    for fragment in fragments:
+        assert fragment in lines[0]
 
 
 @pytest.mark.parametrize(
@@ -51,17 +57,18 @@ def test_build_writes_a_folder_and_reports_it(tmp_path):
         (["--preset", "tiny", "--threads", "0"], ["--threads"]),
     ],
 )
-def test_build_rejects_bad_options(tmp_path, args, fragments):
-    assert_one_line_error(run("build", "--out", str(tmp_path / "m"), *args), *fragments)
+def test_build_rejects_bad_options(tmp_path, capsys, args, fragments):
+    assert_one_line_error(capsys, ["build", "--out", str(tmp_path / "m"), *args], *fragments)
     assert not (tmp_path / "m").exists() or not any((tmp_path / "m").iterdir())
 
 
-def test_build_refuses_a_non_empty_folder_and_a_file(tmp_path):
+def test_build_refuses_a_non_empty_folder_and_a_file(tmp_path, capsys):
     (tmp_path / "keep.txt").write_text("mine")
-    assert_one_line_error(run("build", "--preset", "tiny", "--out", str(tmp_path)), "not empty")
-    assert_one_line_error(run("build", "--preset", "tiny", "--out", str(tmp_path), "--overwrite"), "keep.txt")
+    assert_one_line_error(capsys, ["build", "--preset", "tiny", "--out", str(tmp_path)], "not empty")
+    assert_one_line_error(capsys, ["build", "--preset", "tiny", "--out", str(tmp_path), "--overwrite"], "keep.txt")
     assert (tmp_path / "keep.txt").read_text() == "mine"
-    assert_one_line_error(run("build", "--preset", "tiny", "--out", str(tmp_path / "keep.txt")), "not a directory")
+    assert_one_line_error(capsys, ["build", "--preset", "tiny", "--out", str(tmp_path / "keep.txt")],
+                          "not a directory")
 
 
 def snapshot(folder) -> dict[str, str]:
@@ -73,16 +80,22 @@ def build_in_process(out, *args) -> int:
 
 
 def test_overwrite_replaces_a_previous_build(tmp_path, capsys):
-    out = tmp_path / "m"
+    """--overwrite with another seed replaces the build: the weights differ, the tokenizer does not,
+    and the folder is byte for byte what a fresh build of that seed writes."""
+    out, fresh = tmp_path / "m", tmp_path / "fresh"
     assert build_in_process(out) == 0
     before = snapshot(out)
     capsys.readouterr()
     assert build_in_process(out, "--overwrite", "--seed", "1") == 0
     report = json.loads(capsys.readouterr().out)
     after = snapshot(out)
-    assert after.keys() == before.keys() and after["model.onnx.data"] != before["model.onnx.data"]
+    assert after.keys() == before.keys()
+    assert after["model.onnx.data"] != before["model.onnx.data"] and after["mtp.onnx.data"] != before["mtp.onnx.data"]
+    assert after["tokenizer.json"] == before["tokenizer.json"]  # the seed draws weights, not the tokenizer
     assert report["folder"] == str(out) and report["seed"] == 1
     assert os.listdir(tmp_path) == ["m"]  # no staging folder, no old build left aside
+    assert build_in_process(fresh, "--seed", "1") == 0
+    assert snapshot(fresh) == after
 
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
@@ -114,21 +127,22 @@ def test_build_refuses_a_symlink_out(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["elsewhere", "out"]
 
 
-def test_missing_arguments_and_unknown_command():
-    assert_one_line_error(run("build", "--preset", "tiny"), "--out")
-    assert_one_line_error(run("frobnicate"), "invalid choice")
-    assert_one_line_error(run(), "command")
+def test_missing_arguments_and_unknown_command(capsys):
+    assert_one_line_error(capsys, ["build", "--preset", "tiny"], "python -m models build", "--out", "usage:")
+    assert_one_line_error(capsys, ["frobnicate"], "python -m models", "invalid choice", "usage:")
+    assert_one_line_error(capsys, [], "python -m models", "command", "usage:")
 
 
-def test_convert_rejects_bad_inputs(tmp_path):
-    assert_one_line_error(run("convert", str(tmp_path / "nope"), str(tmp_path / "out")), "not a directory")
-    assert_one_line_error(run("convert", str(tmp_path), str(tmp_path / "out")), "config.json")
+def test_convert_rejects_bad_inputs(tmp_path, capsys):
+    hf, out = str(tmp_path), str(tmp_path / "out")
+    assert_one_line_error(capsys, ["convert", str(tmp_path / "nope"), out], "not a directory")
+    assert_one_line_error(capsys, ["convert", hf, out], "config.json")
     (tmp_path / "config.json").write_text("{}")
-    assert_one_line_error(run("convert", str(tmp_path), str(tmp_path / "out"), "--precision", "int3"), "precision")
-    assert_one_line_error(run("convert", str(tmp_path), str(tmp_path / "out"), "--ep", "cpu", "--state-window", "2"), "cuda")
+    assert_one_line_error(capsys, ["convert", hf, out, "--precision", "int3"], "precision")
+    assert_one_line_error(capsys, ["convert", hf, out, "--ep", "cpu", "--state-window", "2"], "cuda")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("")
-    assert_one_line_error(run("convert", str(tmp_path), str(tmp_path / "out")), "not an empty folder")
+    assert_one_line_error(capsys, ["convert", hf, out], "not an empty folder")
 
 
 @pytest.mark.parametrize("builder_exit", [0, 1])
@@ -160,27 +174,27 @@ def test_convert_moves_the_builders_folder_in_only_once_it_is_complete(tmp_path,
     assert "shared_initializers" not in json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
 
 
-def test_acceptance_rejects_a_folder_without_a_model(tmp_path):
-    assert_one_line_error(run("acceptance", str(tmp_path)), "genai_config.json")
+def test_acceptance_rejects_a_folder_without_a_model(tmp_path, capsys):
+    assert_one_line_error(capsys, ["acceptance", str(tmp_path)], "genai_config.json")
 
 
-def test_acceptance_refuses_a_state_window_folder(tmp_path):
-    assert run("build", "--preset", "tiny", "--out", str(tmp_path), "--ep", "cuda", "--state-window", "2").returncode == 0
-    assert_one_line_error(run("acceptance", str(tmp_path)), "state window")
+def test_acceptance_refuses_a_state_window_folder(tmp_path, capsys):
+    assert models_main(["build", "--preset", "tiny", "--out", str(tmp_path), "--ep", "cuda",
+                        "--state-window", "2"]) == 0
+    capsys.readouterr()
+    assert_one_line_error(capsys, ["acceptance", str(tmp_path)], "state window")
 
 
-def test_head_folder_errors(tmp_path):
-    assert_one_line_error(run("head-folder", str(tmp_path), str(tmp_path / "h")), "genai_config.json")
+def test_head_folder_errors(tmp_path, capsys):
+    assert_one_line_error(capsys, ["head-folder", str(tmp_path), str(tmp_path / "h")], "genai_config.json")
 
 
-def test_sweep_rejects_bad_values():
-    assert_one_line_error(run("sweep", "--preset", "tiny", "--mtp-noise", "a,b"), "--mtp-noise")
-    assert_one_line_error(run("sweep", "--preset", "nope", "--mtp-noise", "0.1"), "unknown preset")
+def test_sweep_rejects_bad_values(capsys):
+    assert_one_line_error(capsys, ["sweep", "--preset", "tiny", "--mtp-noise", "a,b"], "--mtp-noise")
+    assert_one_line_error(capsys, ["sweep", "--preset", "nope", "--mtp-noise", "0.1"], "unknown preset")
 
 
 def test_head_folder_is_never_written_inside_the_model_folder(tmp_path):
-    import json
-
     from models.head_folder import write_head_folder
     from ops.staging import OutputError
 
@@ -188,3 +202,15 @@ def test_head_folder_is_never_written_inside_the_model_folder(tmp_path):
     with pytest.raises(OutputError, match="inside the source folder"):
         write_head_folder(tmp_path, tmp_path / "head")
     assert [p.name for p in tmp_path.iterdir()] == ["genai_config.json"]
+
+
+def test_build_shows_progress_on_a_terminal_stderr_only(tmp_path, capsys, monkeypatch, terminal):
+    """A bar counts the bytes written on stderr when it is a terminal; stdout keeps the JSON report
+    alone either way, and a stderr that is not a terminal (capsys here) gets nothing."""
+    monkeypatch.setattr(ops.progress, "DELAY_S", 0)  # so that only the missing terminal can hide the bar
+    assert build_in_process(tmp_path / "quiet") == 0
+    assert capsys.readouterr().err == ""
+    err = terminal("stderr")
+    assert build_in_process(tmp_path / "shown") == 0
+    assert "building tiny" in err.getvalue() and "B/s" in err.getvalue(), err.getvalue()
+    assert json.loads(capsys.readouterr().out)["preset"] == "tiny"

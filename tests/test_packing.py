@@ -224,22 +224,34 @@ def test_rewrite_pack_writes_packed_weights_beside_the_model(cpu_session, tmp_pa
     assert np.array_equal(_run(cpu_session, out / "tiles.onnx", a), _run(cpu_session, out / "plain.onnx", a))
 
 
-def test_rewrite_pack_cli(tmp_path):
-    import subprocess
-    import sys
-
+def test_rewrite_pack_cli(tmp_path, capsys):
     import onnx
+
+    from ops.__main__ import main
 
     rng = np.random.default_rng(10)
     onnx.save(_two_node_model(rng), str(tmp_path / "model.onnx"))
-    run = subprocess.run([sys.executable, "-m", "ops", "rewrite", str(tmp_path / "model.onnx"),
-                          str(tmp_path / "tiles.onnx"), "--pack"], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    assert "model.onnx: packed 1 of 2 into the tiles layout" in run.stdout
-    assert "1 left in MatMulNBits' layout: K=32 is not a multiple of 256" in run.stdout
-    again = subprocess.run([sys.executable, "-m", "ops", "rewrite", str(tmp_path / "model.onnx"),
-                            str(tmp_path / "other.onnx"), "--pack"], capture_output=True, text=True)
-    assert again.returncode == 0  # embedded weights: no data file, nothing in the way
+    code = main(["rewrite", str(tmp_path / "model.onnx"), str(tmp_path / "tiles.onnx"), "--pack"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "model.onnx: packed 1 of 2 into the tiles layout" in out
+    assert "1 left in MatMulNBits' layout: K=32 is not a multiple of 256" in out
+    assert err == ""  # no progress bar where stderr is not a terminal
+    again = main(["rewrite", str(tmp_path / "model.onnx"), str(tmp_path / "other.onnx"), "--pack"])
+    assert again == 0  # embedded weights: no data file, nothing in the way
+
+
+def test_rewrite_pack_shows_progress_on_a_terminal_stderr(tmp_path, capsys, terminal):
+    import onnx
+
+    from ops.__main__ import main
+
+    err = terminal("stderr")
+    onnx.save(_two_node_model(np.random.default_rng(10)), str(tmp_path / "model.onnx"))
+    assert main(["rewrite", str(tmp_path / "model.onnx"), str(tmp_path / "tiles.onnx"), "--pack"]) == 0
+    assert "packing model.onnx" in err.getvalue() and "/2 [" in err.getvalue(), err.getvalue()  # n of 2 nodes
+    out = capsys.readouterr().out
+    assert "packed 1 of 2" in out and "packing model.onnx" not in out  # stdout: the report alone
 
 
 def test_rewrite_pack_packs_a_model_already_on_our_op(cpu_session, tmp_path):

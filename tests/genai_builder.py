@@ -1,39 +1,24 @@
-"""Model folders for the driver tests, built once per test process.
+"""onnxruntime-genai's own builder on a tiny random Qwen3.5 checkpoint: "a folder built by
+onnxruntime-genai's builder", which the driver must run as it is (the fixtures in conftest.py; also
+`bench/driver_cuda_check.py prepare`).
 
-genai_folder(): a tiny random Qwen3.5 checkpoint (transformers' Qwen3_5ForConditionalGeneration, MTP
-weights added as `mtp.*` tensors) exported by onnxruntime-genai's own builder (int4, CPU). This is
-"a folder built by onnxruntime-genai's builder", which the driver must run as it is. The weights use
-the construction that makes an MTP head predictive on random weights: every layer's output
-projections scaled by 0.02 (the residual stream stays near the token embedding), and the head's fc
-= [identity on the embedding half | N(0, 0.1/sqrt(H)) on the hidden half].
-
-tiny_folder(): the `tiny` preset of this project's models package (`python -m models build`).
+The checkpoint is transformers' Qwen3_5ForConditionalGeneration with MTP weights added as `mtp.*`
+tensors. Its weights use the construction that makes an MTP head predictive on random weights: every
+layer's output projections scaled by 0.02 (the residual stream stays near the token embedding), and
+the head's fc = [identity on the embedding half | N(0, 0.1/sqrt(H)) on the hidden half].
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import glob
-import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from driver.identity import SAMPLE_PROMPTS
-
 HIDDEN = 64
-
-
-def _scratch(name: str) -> Path:
-    root = Path(tempfile.mkdtemp(prefix=f"driver-{name}-"))
-    atexit.register(shutil.rmtree, root, True)
-    return root
 
 
 def make_checkpoint(out: Path, seed: int = 0) -> Path:
@@ -96,50 +81,3 @@ def run_genai_builder(checkpoint: Path, out: Path, ep: str = "cpu", extra: str |
     if done.returncode != 0 or not (out / "genai_config.json").is_file():
         raise RuntimeError(f"onnxruntime-genai's builder failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     return out
-
-
-@functools.lru_cache(maxsize=None)
-def checkpoint() -> Path:
-    return make_checkpoint(_scratch("hf") / "hf")
-
-
-@functools.lru_cache(maxsize=None)
-def genai_folder() -> Path:
-    """int4 CPU export of the tiny checkpoint by onnxruntime-genai's builder (shared_initializers
-    included: the builder shares the embedding and lm_head between model.onnx and mtp.onnx)."""
-    return run_genai_builder(checkpoint(), _scratch("genai") / "model")
-
-
-@functools.lru_cache(maxsize=None)
-def genai_windowed_folder() -> Path:
-    """The same checkpoint exported for CUDA with state_window=4 (built here, run only on a GPU)."""
-    return run_genai_builder(checkpoint(), _scratch("genai-w4") / "model", ep="cuda", extra="state_window=4")
-
-
-@functools.lru_cache(maxsize=None)
-def genai_loadable_copy() -> Path:
-    """genai_folder() as onnxruntime-genai 0.18 itself loads it on CPU: it refuses a genai_config
-    with shared_initializers there ("GetMemoryInfo for CPU should not be used"), so the copy drops
-    that key; the graphs and weights are the same files (mtp.onnx still reads model.onnx.data)."""
-    src = genai_folder()
-    dst = _scratch("genai-copy") / "model"
-    shutil.copytree(src, dst)
-    config = json.loads((dst / "genai_config.json").read_text())
-    for section in ("decoder", "mtp"):
-        config["model"].get(section, {}).pop("shared_initializers", None)
-    (dst / "genai_config.json").write_text(json.dumps(config, indent=4))
-    return dst
-
-
-@functools.lru_cache(maxsize=None)
-def tiny_folder() -> Path:
-    """The models package's tiny preset (int4, CPU): what the README's first command runs."""
-    from models.build import build
-    from models.config import BuildOptions, preset
-
-    out = _scratch("tiny") / "model"
-    build(preset("tiny"), out, BuildOptions(precision="int4", ep="cpu"))
-    return out
-
-
-PROMPTS = SAMPLE_PROMPTS  # 22 short code and text prompts
