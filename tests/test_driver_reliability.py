@@ -1,6 +1,6 @@
 """The CLI's promise under a careless user and a hostile model folder: one line `error: ...` on
-stderr, exit status 2, no traceback (and Ctrl-C: status 130, quietly). One test per defect of the
-reliability issue; the folder cases edit one shared copy of the tiny preset, put back after each test."""
+stderr, exit status 2, no traceback (and Ctrl-C: status 130, quietly). One test per defect found in a
+reliability review; the folder cases edit one shared copy of the tiny preset, put back after each test."""
 
 from __future__ import annotations
 
