@@ -20,6 +20,7 @@ Ort::CustomOpDomain* Domain() {
 #endif
     ort_mtp::AddMatMulNBitsOps(*d, with_cuda);
     ort_mtp::AddCopySlotsOps(*d, with_cuda);
+    ort_mtp::AddGatedDeltaNetOps(*d, with_cuda);
     return d;
   }();
   return domain;

@@ -1,0 +1,78 @@
+// GatedDeltaNet: the problem description shared by the op (validation), the CPU reference kernel and a
+// CUDA kernel to come. One node computes the whole linear-attention mixer of a Qwen3.5 layer, from the
+// projections' outputs to out_proj's input, exactly what this com.microsoft subgraph computes
+// (models/graph.py, linear_attention):
+//
+//   Transpose -> CausalConvWithState(silu) -> Transpose -> Split(q, k, v) -> LpNormalization(p=2) of q
+//   and k per head -> q * scale -> LinearAttentionGate(a, dt_bias, neg_exp_A, b) -> LinearAttention
+//   (gated_delta, scale 1) -> GatedRMSNorm(o, norm_weight, z)
+//
+// but token by token, so that token t's output row and the state after token t do not depend on how
+// many tokens the call has: a call of width S is bit-identical to S calls of width 1 (README.md, "Op
+// reference", has the arithmetic; ops/gated_delta_net.py is its float64 reference).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace ort_mtp {
+
+enum class GdnType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+struct GatedDeltaNetProblem {
+  int64_t batch = 0;        // B
+  int64_t seq = 0;          // S >= 1: tokens in this call
+  int64_t num_k_heads = 0;  // Hk: q and k heads
+  int64_t num_v_heads = 0;  // Hv, a multiple of Hk: v head h reads q/k head h / (Hv / Hk)
+  int64_t k_head_dim = 0;   // dk
+  int64_t v_head_dim = 0;   // dv
+  int64_t conv_kernel = 0;  // K: the conv state holds the last K - 1 inputs of every channel
+  // State slots written: max(state_window, 1). Slot j holds the state after token S - slots + j, zeros
+  // where that token is before this call's first (both ORT's state_window semantics, measured on its
+  // CUDA EP; slots = 1 is the unwindowed state).
+  int64_t slots = 1;
+  float scale = 1.f;           // q multiplier after the l2 norm
+  float epsilon = 0.f;         // GatedRMSNorm's
+  float l2norm_epsilon = 0.f;  // added to the sum of squares of the q/k l2 norm (0: LpNormalization's)
+  GdnType type = GdnType::kFloat32;        // T: qkv, z, a, b, conv and norm weights, conv state, y
+  GdnType state_type = GdnType::kFloat32;  // the recurrent state: T or float32
+  GdnType dt_bias_type = GdnType::kFloat32;    // T or float32
+  GdnType neg_exp_a_type = GdnType::kFloat32;  // T or float32
+
+  int64_t key_dim() const { return num_k_heads * k_head_dim; }
+  int64_t value_dim() const { return num_v_heads * v_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }  // channels: q, k, v
+  int64_t conv_state_len() const { return conv_kernel - 1; }
+
+  const void* qkv = nullptr;          // [B, S, conv_dim]   T
+  const void* z = nullptr;            // [B, S, Hv * dv]    T
+  const void* a = nullptr;            // [B, S, Hv]         T
+  const void* b = nullptr;            // [B, S, Hv]         T
+  const void* conv_weight = nullptr;  // [conv_dim, 1, K]   T
+  const void* conv_bias = nullptr;    // [conv_dim]         T, or nullptr
+  const void* dt_bias = nullptr;      // [Hv]
+  const void* neg_exp_a = nullptr;    // [Hv]               -exp(A_log)
+  const void* norm_weight = nullptr;  // [dv]               T
+  const void* past_conv = nullptr;       // [B, conv_dim, K - 1]: the slot the call starts from
+  const void* past_recurrent = nullptr;  // [B, Hv, dk, dv]: likewise
+  void* y = nullptr;                  // [B, S, Hv * dv]    T
+  void* present_conv = nullptr;       // [slots, B, conv_dim, K - 1]
+  void* present_recurrent = nullptr;  // [slots, B, Hv, dk, dv]
+};
+
+// CPU reference: double arithmetic in a fixed order, each value the subgraph materialises rounded to
+// float32 and then to its tensor's type, the recurrent state rounded to its type after every token.
+// Work is spread over ORT's intra-op thread pool by (batch, token) for the conv and gates and by
+// (batch, v head) for the recurrence; every value is computed by one task in one order, so the split
+// does not change results. `parallel_for(context, fn, n, user)` runs fn(user, i) for i < n (nullptr:
+// serially). Reads all of its past slot before writing its present slots, so present may alias past.
+using GdnParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
+void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* parallel_context);
+
+#ifdef ORT_MTP_WITH_CUDA
+// Not written yet: until it is, AddGatedDeltaNetOps registers the op for the CPU EP only, and the op
+// class's call of it is never instantiated. When it exists: launches on `stream` (the session's compute
+// stream) with no host synchronisation and returns nullptr on success, else what failed.
+const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream);
+#endif
+
+}  // namespace ort_mtp

@@ -1,0 +1,255 @@
+// CPU reference kernel of GatedDeltaNet. Written for exactness and row independence, not speed: every
+// value is computed in double, token by token, in an order fixed by the problem's dimensions alone,
+// and rounded (to float32, then to its tensor's type) exactly where the com.microsoft subgraph
+// materialises a tensor. The recurrent state is rounded to its stored type after every token, as a
+// width-1 call stores it, so a call of width S is bit-identical to S calls of width 1.
+//
+// Three passes: (1) per (batch, token): causal conv + SiLU of every channel, l2 norm of q and k per
+// head, q scale, and the gates, into a float scratch (the values are T's, exactly); (2) per batch: the
+// present conv state slots; (3) per (batch, v head): the gated delta recurrence and GatedRMSNorm.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/ort.h"
+#include "gated_delta_net/gated_delta_net.h"
+
+namespace ort_mtp {
+namespace {
+
+double ToDouble(float v) { return v; }
+double ToDouble(Ort::Float16_t v) { return v.ToFloat(); }
+double ToDouble(Ort::BFloat16_t v) { return v.ToFloat(); }
+
+// v rounded to float32, then to T: the roundings of ORT's float kernels writing a T tensor.
+template <typename T>
+T Round(double v);
+template <>
+float Round<float>(double v) { return static_cast<float>(v); }
+template <>
+Ort::Float16_t Round<Ort::Float16_t>(double v) { return Ort::Float16_t(static_cast<float>(v)); }
+template <>
+Ort::BFloat16_t Round<Ort::BFloat16_t>(double v) { return Ort::BFloat16_t(static_cast<float>(v)); }
+
+template <typename T>
+double Rounded(double v) { return ToDouble(Round<T>(v)); }
+
+// Element i of a small parameter vector whose type is known only at run time (dt_bias, neg_exp_A).
+double LoadAny(const void* p, GdnType type, int64_t i) {
+  switch (type) {
+    case GdnType::kFloat32: return static_cast<const float*>(p)[i];
+    case GdnType::kFloat16: return ToDouble(static_cast<const Ort::Float16_t*>(p)[i]);
+    case GdnType::kBFloat16: return ToDouble(static_cast<const Ort::BFloat16_t*>(p)[i]);
+  }
+  return 0.0;
+}
+
+double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+double Silu(double x) { return x * Sigmoid(x); }
+// log(1 + e^x) without overflow for large x.
+double Softplus(double x) { return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x)); }
+
+// Per-token values the recurrence reads, for all batches and tokens: what the subgraph's q_scaled,
+// k_l2norm, v, decay and beta tensors hold (T values, stored as float, which holds them exactly).
+struct Features {
+  std::vector<float> q, k, v;  // [B, S, Hk, dk], [B, S, Hk, dk], [B, S, Hv, dv]
+  std::vector<float> g, beta;  // [B, S, Hv]
+};
+
+template <typename T>
+class Kernel {
+ public:
+  explicit Kernel(const GatedDeltaNetProblem& p) : p_(p) {
+    const size_t rows = static_cast<size_t>(p.batch * p.seq);
+    f_.q.resize(rows * p.key_dim());
+    f_.k.resize(rows * p.key_dim());
+    f_.v.resize(rows * p.value_dim());
+    f_.g.resize(rows * p.num_v_heads);
+    f_.beta.resize(rows * p.num_v_heads);
+  }
+
+  // Input x of channel c at token `pos` of batch b; pos < 0 reads the past conv state, whose last
+  // position holds token -1.
+  double ConvInput(int64_t b, int64_t c, int64_t pos) const {
+    const int64_t C = p_.conv_dim(), L = p_.conv_state_len();
+    if (pos >= 0) return ToDouble(static_cast<const T*>(p_.qkv)[(b * p_.seq + pos) * C + c]);
+    return ToDouble(static_cast<const T*>(p_.past_conv)[(b * C + c) * L + (L + pos)]);
+  }
+
+  // Pass 1 for row (b, t): everything before the recurrence.
+  void TokenFeatures(int64_t row) {
+    const int64_t b = row / p_.seq, t = row % p_.seq, C = p_.conv_dim(), K = p_.conv_kernel;
+    const T* w = static_cast<const T*>(p_.conv_weight);
+    const T* bias = static_cast<const T*>(p_.conv_bias);
+    std::vector<double> conv(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) {
+      double acc = bias ? ToDouble(bias[c]) : 0.0;
+      for (int64_t j = 0; j < K; ++j) acc += ToDouble(w[c * K + j]) * ConvInput(b, c, t - (K - 1) + j);
+      conv[c] = Rounded<T>(Silu(acc));
+    }
+    const int64_t kd = p_.key_dim(), vd = p_.value_dim(), dk = p_.k_head_dim;
+    for (int64_t h = 0; h < p_.num_k_heads; ++h) {
+      L2Normalize(&conv[h * dk], /*is_q=*/true, &f_.q[row * kd + h * dk]);
+      L2Normalize(&conv[kd + h * dk], /*is_q=*/false, &f_.k[row * kd + h * dk]);
+    }
+    for (int64_t i = 0; i < vd; ++i) f_.v[row * vd + i] = static_cast<float>(conv[2 * kd + i]);
+    Gates(row);
+  }
+
+  // LpNormalization(p=2) of one head (x / sqrt(sum x^2 + l2norm_epsilon), a zero vector stays zero),
+  // rounded to T; the q heads are then multiplied by scale and rounded again (the q_scaled Mul).
+  void L2Normalize(const double* x, bool is_q, float* out) const {
+    const int64_t dk = p_.k_head_dim;
+    double sum_sq = 0.0;
+    for (int64_t i = 0; i < dk; ++i) sum_sq += x[i] * x[i];
+    const double norm = std::sqrt(sum_sq + p_.l2norm_epsilon);
+    for (int64_t i = 0; i < dk; ++i) {
+      double y = norm > 0.0 ? Rounded<T>(x[i] / norm) : 0.0;
+      if (is_q) y = Rounded<T>(y * static_cast<double>(p_.scale));
+      out[i] = static_cast<float>(y);
+    }
+  }
+
+  // LinearAttentionGate: g = neg_exp_A * softplus(a + dt_bias), beta = sigmoid(b), each rounded to T.
+  void Gates(int64_t row) {
+    const T* a = static_cast<const T*>(p_.a);
+    const T* bgate = static_cast<const T*>(p_.b);
+    for (int64_t h = 0; h < p_.num_v_heads; ++h) {
+      const int64_t i = row * p_.num_v_heads + h;
+      const double dt = LoadAny(p_.dt_bias, p_.dt_bias_type, h);
+      const double neg_exp_a = LoadAny(p_.neg_exp_a, p_.neg_exp_a_type, h);
+      f_.g[i] = static_cast<float>(Rounded<T>(neg_exp_a * Softplus(ToDouble(a[i]) + dt)));
+      f_.beta[i] = static_cast<float>(Rounded<T>(Sigmoid(ToDouble(bgate[i]))));
+    }
+  }
+
+  // Pass 2 for batch b: conv state slot j holds the last K - 1 inputs up to token S - slots + j.
+  // Reads its past first, so that present may alias past.
+  void ConvStates(int64_t b) const {
+    const int64_t C = p_.conv_dim(), L = p_.conv_state_len(), B = p_.batch;
+    const T* past = static_cast<const T*>(p_.past_conv) + b * C * L;
+    const std::vector<T> past_copy(past, past + C * L);
+    const T* qkv = static_cast<const T*>(p_.qkv) + b * p_.seq * C;
+    for (int64_t slot = 0; slot < p_.slots; ++slot) {
+      T* out = static_cast<T*>(p_.present_conv) + (slot * B + b) * C * L;
+      const int64_t t = p_.seq - p_.slots + slot;  // the last token this slot has seen
+      if (t < 0) {
+        std::memset(static_cast<void*>(out), 0, sizeof(T) * C * L);  // before this call's first token
+        continue;
+      }
+      for (int64_t c = 0; c < C; ++c) {
+        for (int64_t s = 0; s < L; ++s) {
+          const int64_t pos = t - (L - 1) + s;  // token held at state position s
+          out[c * L + s] = pos >= 0 ? qkv[pos * C + c] : past_copy[c * L + (L + pos)];
+        }
+      }
+    }
+  }
+
+  // Pass 3 for task (b, h), the recurrent state stored as float32 or as T (the op admits no other).
+  void Recurrence(int64_t task) {
+    if (p_.state_type == GdnType::kFloat32)
+      Head<float>(task);
+    else
+      Head<T>(task);
+  }
+
+  // The gated delta rule of v head h over the call's tokens, and GatedRMSNorm of each output row.
+  template <typename S>
+  void Head(int64_t task) const {
+    const int64_t b = task / p_.num_v_heads, h = task % p_.num_v_heads;
+    const int64_t hk = h / (p_.num_v_heads / p_.num_k_heads);  // repeat_interleave, as HF and ORT
+    const int64_t dk = p_.k_head_dim, dv = p_.v_head_dim, block = dk * dv;
+    const S* past = static_cast<const S*>(p_.past_recurrent) + task * block;
+    std::vector<double> state(static_cast<size_t>(block)), r(dv), o(dv);
+    for (int64_t e = 0; e < block; ++e) state[e] = ToDouble(past[e]);
+    auto slot_out = [&](int64_t slot) {
+      return static_cast<S*>(p_.present_recurrent) + (slot * p_.batch * p_.num_v_heads + task) * block;
+    };
+    for (int64_t slot = 0; slot < p_.slots - p_.seq; ++slot)  // before this call's first token
+      std::memset(static_cast<void*>(slot_out(slot)), 0, sizeof(S) * block);
+
+    for (int64_t t = 0; t < p_.seq; ++t) {
+      const int64_t row = b * p_.seq + t;
+      const float* q = &f_.q[row * p_.key_dim() + hk * dk];
+      const float* k = &f_.k[row * p_.key_dim() + hk * dk];
+      const float* v = &f_.v[row * p_.value_dim() + h * dv];
+      const double decay = std::exp(static_cast<double>(f_.g[row * p_.num_v_heads + h]));
+      const double beta = f_.beta[row * p_.num_v_heads + h];
+      // S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q  (sums in ascending i)
+      for (int64_t e = 0; e < block; ++e) state[e] *= decay;
+      std::fill(r.begin(), r.end(), 0.0);
+      for (int64_t i = 0; i < dk; ++i)
+        for (int64_t j = 0; j < dv; ++j) r[j] += state[i * dv + j] * k[i];
+      for (int64_t j = 0; j < dv; ++j) r[j] = beta * (v[j] - r[j]);  // r is now the update delta
+      for (int64_t i = 0; i < dk; ++i)
+        for (int64_t j = 0; j < dv; ++j) state[i * dv + j] += k[i] * r[j];
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int64_t i = 0; i < dk; ++i)
+        for (int64_t j = 0; j < dv; ++j) o[j] += q[i] * state[i * dv + j];
+      GatedRmsNorm(row, h, o.data());
+      // The state as stored between calls: the next token starts from exactly that.
+      const int64_t slot = t - (p_.seq - p_.slots);
+      S* out = slot >= 0 ? slot_out(slot) : nullptr;
+      for (int64_t e = 0; e < block; ++e) {
+        const S stored = Round<S>(state[e]);
+        state[e] = ToDouble(stored);
+        if (out) out[e] = stored;
+      }
+    }
+  }
+
+  // y = o * rsqrt(mean(o^2) + epsilon) * norm_weight * silu(z) over one v head, o first rounded to T
+  // (LinearAttention's output tensor).
+  void GatedRmsNorm(int64_t row, int64_t h, double* o) const {
+    const int64_t dv = p_.v_head_dim, offset = row * p_.value_dim() + h * dv;
+    const T* z = static_cast<const T*>(p_.z) + offset;
+    const T* weight = static_cast<const T*>(p_.norm_weight);
+    T* y = static_cast<T*>(p_.y) + offset;
+    double sum_sq = 0.0;
+    for (int64_t j = 0; j < dv; ++j) {
+      o[j] = Rounded<T>(o[j]);
+      sum_sq += o[j] * o[j];
+    }
+    const double inv_rms = 1.0 / std::sqrt(sum_sq / static_cast<double>(dv) + p_.epsilon);
+    for (int64_t j = 0; j < dv; ++j) y[j] = Round<T>(o[j] * inv_rms * ToDouble(weight[j]) * Silu(ToDouble(z[j])));
+  }
+
+  const GatedDeltaNetProblem& p_;
+  Features f_;
+};
+
+// Runs member `fn` of `kernel` for i < n, through parallel_for when there is one.
+template <typename K, void (K::*fn)(int64_t)>
+void ForEach(K& kernel, int64_t n, GdnParallelFor parallel_for, void* context) {
+  if (n <= 0) return;
+  if (parallel_for == nullptr || n == 1) {
+    for (int64_t i = 0; i < n; ++i) (kernel.*fn)(i);
+    return;
+  }
+  parallel_for(
+      context, [](void* user, size_t i) { (static_cast<K*>(user)->*fn)(static_cast<int64_t>(i)); },
+      static_cast<size_t>(n), &kernel);
+}
+
+template <typename T>
+void Run(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* context) {
+  Kernel<T> kernel(p);
+  ForEach<Kernel<T>, &Kernel<T>::TokenFeatures>(kernel, p.batch * p.seq, parallel_for, context);
+  // Only once pass 1 has read every past conv state: present_conv may alias it.
+  for (int64_t b = 0; b < p.batch; ++b) kernel.ConvStates(b);
+  ForEach<Kernel<T>, &Kernel<T>::Recurrence>(kernel, p.batch * p.num_v_heads, parallel_for, context);
+}
+
+}  // namespace
+
+void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* parallel_context) {
+  switch (p.type) {
+    case GdnType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
+    case GdnType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
+    case GdnType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
+  }
+}
+
+}  // namespace ort_mtp
