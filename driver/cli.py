@@ -1,7 +1,8 @@
 """`python -m driver generate` and `python -m driver identity`.
 
 `generate` prints the prompt and then its continuation, streamed as it is generated, on stdout, and
-its stats on stderr (`--json`: one JSON object on stdout instead). A user mistake (bad folder,
+its stats on stderr (`--json`: one JSON object on stdout instead). Greedy unless --temperature > 0
+(then sampled, with --top-k, --top-p, --seed; docs/driver.md#sampling). A user mistake (bad folder,
 prompt too long, k out of range, CUDA without a GPU, ...) prints one line `error: ...` on stderr and
 exits with status 2, without a traceback.
 """
@@ -16,6 +17,7 @@ from ops.usage import Parser, UsageError
 
 from .errors import DriverError
 from .generator import COMMIT_POLICIES, DEFAULT_PREFILL_CHUNK, MAX_DRAFT_TOKENS, Generator
+from .sampling import SamplingParams, check_sampling
 
 IDENTITY_PROMPT = "The quick brown fox jumps over the lazy dog."
 
@@ -44,6 +46,16 @@ def build_parser() -> Parser:
                           f"(default {DEFAULT_PREFILL_CHUNK})")
     gen.add_argument("--threads", type=int,
                      help="CPU: intra-op threads, 1 to the cores available (default: ONNX Runtime's choice)")
+    gen.add_argument("--temperature", type=float, default=0.0,
+                     help="sample at this temperature, in both modes (default 0: greedy decoding)")
+    gen.add_argument("--top-k", type=int, default=0,
+                     help="sampling: keep the k most probable tokens (default 0: all)")
+    gen.add_argument("--top-p", type=float, default=1.0,
+                     help="sampling: keep the smallest set of most probable tokens whose probability "
+                          "reaches p, in (0, 1] (default 1: all)")
+    gen.add_argument("--seed", type=int,
+                     help="sampling: seed of the draws, 0 to 2**64-1; the same seed, prompt, mode and k give "
+                          "the same tokens (default: a fresh seed, printed in the stats)")
 
     ident = sub.add_parser("identity", help="measure verify rows against width-1 decode rows, per op")
     ident.add_argument("--model", help="model folder (default: the tiny preset)")
@@ -72,6 +84,7 @@ def cmd_generate(args) -> int:
     from .folder import read_folder
     from .text import Text
 
+    sampling = check_sampling(args.temperature, args.top_k, args.top_p, args.seed)  # before any loading
     folder = read_folder(resolve_model(args.model))
     prompt_ids = Text(folder.tokenizer).encode(args.prompt)
     # Buffers sized for this run: the prompt, the new tokens, and the widest verify beyond them.
@@ -82,20 +95,22 @@ def cmd_generate(args) -> int:
                           profile=True if args.profile else None, threads=args.threads)
     generator.check_lengths(len(prompt_ids), args.max_new_tokens)
     if args.json:
-        result = run_generation(generator, prompt_ids, args.max_new_tokens)
+        result = run_generation(generator, prompt_ids, args.max_new_tokens, sampling=sampling)
         out = result.as_dict()
         out.update(model=str(folder.path), provider=args.provider, prompt=args.prompt)
         print(json.dumps(out))
         return 0
     sys.stdout.write(args.prompt)  # the continuation follows it, streamed as it is generated
     sys.stdout.flush()
-    result = run_generation(generator, prompt_ids, args.max_new_tokens, text=generator.text.stream())
+    result = run_generation(generator, prompt_ids, args.max_new_tokens, text=generator.text.stream(),
+                            sampling=sampling)
     print()
     print_stats(result.stats)
     return 0
 
 
-def run_generation(generator: Generator, prompt_ids: list[int], max_new_tokens: int, text=None):
+def run_generation(generator: Generator, prompt_ids: list[int], max_new_tokens: int, text=None,
+                   sampling: SamplingParams = SamplingParams()):
     """Generates, writing each batch of committed tokens to stdout through `text` (a TextStream), if
     given. A bar on stderr counts the tokens where stderr is a terminal, unless the text is streaming
     to a terminal itself: it shows the progress there, and a bar would break its lines."""
@@ -107,7 +122,8 @@ def run_generation(generator: Generator, prompt_ids: list[int], max_new_tokens: 
                 sys.stdout.flush()
             bar.update(len(tokens))
 
-        return generator.generate(prompt_ids, max_new_tokens, on_tokens=committed)
+        return generator.generate(prompt_ids, max_new_tokens, on_tokens=committed, temperature=sampling.temperature,
+                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed)
 
 
 def print_stats(stats) -> None:

@@ -13,6 +13,11 @@ Loop-carried state between rounds (see docs/driver.md for the table):
                    rows (plus the row for t) wait in head.hidden_in / head.ids and go in with the next
                    round's first draft forward
 The MTP round, top to bottom, is `_mtp_round`; the three ways it commits are in `_commit`.
+
+Sampling (temperature > 0; driver/sampling.py has the math): every token the greedy loop takes as an
+argmax is drawn instead from the warped distribution, and the round accepts drafts by speculative
+sampling's rule (accept_or_resample) instead of by equality; the rest of the round, the commit
+included, is the same code. temperature 0 is the greedy loop itself (`sampler` is None).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from .device import make_device
 from .errors import DriverError
 from .folder import ModelFolder, read_folder
 from .runner import GraphRunner
+from .sampling import Sampler, accept_or_resample, check_sampling
 from .sessions import create_session
 from .stats import Profiler, Stats, profiling_requested
 from .text import Text, TokenizerUnavailable
@@ -120,13 +126,23 @@ class Generator:
         return self.text.decode(ids)
 
     def generate(self, prompt, max_new_tokens: int = 64, *, mode: str | None = None,
-                 draft_tokens: int | None = None, on_tokens=None, stop_at_eos: bool = True) -> GenerationResult:
+                 draft_tokens: int | None = None, on_tokens=None, stop_at_eos: bool = True,
+                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None) -> GenerationResult:
         """Generates up to max_new_tokens after `prompt` (text or token ids). on_tokens(list[int]) is
-        called with each batch of tokens as soon as they are committed."""
-        with self.device.active():
-            return self._generate(prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos)
+        called with each batch of tokens as soon as they are committed.
 
-    def _generate(self, prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos) -> GenerationResult:
+        temperature 0 is greedy decoding; > 0 samples from the target's distribution warped by
+        temperature, top_k (0: off) and top_p (1: off), in both modes (MTP by speculative sampling).
+        seed: the same seed, prompt, mode and k give the same tokens on the same provider; None draws
+        a fresh seed, reported in stats.sampling."""
+        sampling = check_sampling(temperature, top_k, top_p, seed)
+        with self.device.active():
+            sampler = None if sampling.greedy else Sampler(sampling, self.device.xp)
+            return self._generate(prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos, sampler)
+
+    def _generate(self, prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos,
+                  sampler: Sampler | None) -> GenerationResult:
         mode = mode or self.mode
         k = self.draft_tokens if draft_tokens is None else draft_tokens
         check_draft_tokens(k)
@@ -135,6 +151,8 @@ class Generator:
         ids = check_token_ids(self.encode(prompt) if isinstance(prompt, str) else prompt, self.folder.vocab_size)
         self.check_lengths(len(ids), max_new_tokens)
         stats = Stats(mode=mode, draft_tokens=k if mode == "mtp" else 0, prompt_tokens=len(ids))
+        if sampler is not None:
+            stats.sampling = {**sampler.params.describe(), "seed": sampler.seed}
         profiler = Profiler(self.device) if self.profile and mode == "mtp" else None
         out: list[int] = []
 
@@ -155,7 +173,7 @@ class Generator:
         runners = {"main": self.main, "head": self.head} if self.head is not None else {"main": self.main}
         runs_before = {name: dict(r.graph_runs) for name, r in runners.items()}
         start = time.perf_counter()
-        t = self._prefill(ids, with_head=mode == "mtp", stats=stats)
+        t = self._prefill(ids, with_head=mode == "mtp", stats=stats, sampler=sampler)
         self.device.synchronize()
         stats.prefill_seconds = time.perf_counter() - start
         start = time.perf_counter()
@@ -165,10 +183,10 @@ class Generator:
             remaining = max_new_tokens - len(out)
             k_round = min(k, remaining - 1) if mode == "mtp" else 0
             if k_round < 1:  # greedy, or one token left: a plain width-1 decode step
-                t = self._decode_step(t, stats)
+                t = self._decode_step(t, stats, sampler)
                 done = emit([t])
                 continue
-            tokens, pending = self._mtp_round(t, k_round, pending, stats, profiler)
+            tokens, pending = self._mtp_round(t, k_round, pending, stats, profiler, sampler)
             t = tokens[-1]
             done = emit(tokens)
         self.device.synchronize()
@@ -200,7 +218,7 @@ class Generator:
 
     # -- prefill and greedy ---------------------------------------------------------------------------
 
-    def _prefill(self, ids: list[int], with_head: bool, stats: Stats) -> int:
+    def _prefill(self, ids: list[int], with_head: bool, stats: Stats, sampler: Sampler | None) -> int:
         """Runs the prompt through the main model in chunks (and the head over the prompt's pairs
         (h_p, x_p+1)); returns the first generated token and leaves its hidden in head.hidden_in[0, 0]."""
         main, head, xp = self.main, self.head, self.device.xp
@@ -226,33 +244,45 @@ class Generator:
                     head.advance(len(pairs))
                     stats.forwards["head-prefill"] += 1
         last = (len(ids) - 1) % chunk  # row of the prompt's last token in the last chunk
-        t = int(self.device.to_host(xp.argmax(main.logits[0, last])))
+        t = int(self.device.to_host(self._pick(main.logits[0, last], sampler)))
         if with_head:
             head.hidden_in[0, 0] = main.hidden[0, last]
             head.ids[0, 0] = t
         return t
 
-    def _decode_step(self, t: int, stats: Stats) -> int:
-        """Greedy: one width-1 forward of t; returns the next token. (MTP uses it for a generation's
-        last token, when there is no room for a draft; the head is not needed after it.)"""
-        main, xp = self.main, self.device.xp
+    def _decode_step(self, t: int, stats: Stats, sampler: Sampler | None) -> int:
+        """Greedy (or plain sampling): one width-1 forward of t; returns the next token. (MTP uses it
+        for a generation's last token, when there is no room for a draft; the head is not needed
+        after it.)"""
+        main = self.main
         main.ids[0, 0] = t
         main.forward(1)
         main.advance(1)
         stats.forwards["decode"] += 1
-        return int(self.device.to_host(xp.argmax(main.logits[0, 0])))
+        return int(self.device.to_host(self._pick(main.logits[0, 0], sampler)))
+
+    def _pick(self, logits, sampler: Sampler | None, keep: list | None = None):
+        """The token after one row of logits, as a device integer: its argmax (greedy), or a draw
+        from its warped distribution (sampling; `keep` collects that distribution)."""
+        if sampler is None:
+            return self.device.xp.argmax(logits)
+        return sampler.draw(logits, keep)
 
     # -- MTP ------------------------------------------------------------------------------------------
 
-    def _mtp_round(self, t: int, k: int, pending: int, stats: Stats, profiler) -> tuple[list[int], int]:
+    def _mtp_round(self, t: int, k: int, pending: int, stats: Stats, profiler,
+                   sampler: Sampler | None) -> tuple[list[int], int]:
         """One round: draft k tokens with the head, verify [t, d_0..d_k-1] in one forward of width
         k+1, accept the longest prefix the target agrees with plus its bonus token, commit.
-        Returns the committed tokens (accepted drafts + bonus) and the new pending count."""
+        Returns the committed tokens (accepted drafts + bonus) and the new pending count.
+        Sampling: the drafts are drawn from the head's warped distributions q_j, and accepted by
+        speculative sampling's rule against the target's p_j; the bonus is then a draw too."""
         main, head, xp = self.main, self.head, self.device.xp
         phase = profiler.phase if profiler else _no_phase
         if profiler:
             profiler.start_round()
         L = main.length
+        q = []  # sampling: the distribution each draft was drawn from (the acceptance rule needs q_j(d_j))
 
         # 1. Draft. The first head forward takes the `pending` rows left by the last round (accepted
         #    drafts, each with the target's hidden) plus the row (h_L-1, t); its last row drafts d_0.
@@ -261,13 +291,13 @@ class Generator:
             drafts = self._drafts[:k]
             head.forward(pending + 1)
             head.advance(pending + 1)
-            drafts[0] = xp.argmax(head.logits[0, pending])
+            drafts[0] = self._pick(head.logits[0, pending], sampler, q)
             for j in range(1, k):
                 head.hidden_in[0, 0] = head.hidden[0, pending if j == 1 else 0]
                 head.ids[0, 0] = drafts[j - 1]
                 head.forward(1)
                 head.advance(1)
-                drafts[j] = xp.argmax(head.logits[0, 0])
+                drafts[j] = self._pick(head.logits[0, 0], sampler, q)
             head.rewind(L)  # the chained steps were speculative: keep pairs up to (h_L-1, t)
             stats.forwards["head"] += k
 
@@ -277,16 +307,28 @@ class Generator:
             main.ids[0, 1:k + 1] = drafts
             main.forward(k + 1)
             stats.forwards["verify"] += 1
-            target = xp.argmax(main.logits[0, :k + 1], axis=-1)  # the target's token after each position
+            if sampler is None:
+                target = xp.argmax(main.logits[0, :k + 1], axis=-1)  # the target's token after each position
+            else:
+                p = sampler.warp(main.logits[0, :k + 1])  # the target's distribution after each position
 
-        # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens).
+        # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens, or k
+        #    drafts, a and the bonus).
         with phase("accept"):
-            both = self.device.to_host(xp.concatenate([drafts, target]))
-            drafted, wanted = both[:k].tolist(), both[k:].tolist()
-            a = 0
-            while a < k and drafted[a] == wanted[a]:
-                a += 1
-            bonus = wanted[a]  # the target's token after the accepted prefix
+            if sampler is None:
+                both = self.device.to_host(xp.concatenate([drafts, target]))
+                drafted, wanted = both[:k].tolist(), both[k:].tolist()
+                a = 0
+                while a < k and drafted[a] == wanted[a]:
+                    a += 1
+                bonus = wanted[a]  # the target's token after the accepted prefix
+            else:
+                # d_j kept with probability min(1, p_j(d_j) / q_j(d_j)) up to the first rejection; the
+                # bonus drawn from max(0, p_a - q_a) there, or from p_k after k acceptances
+                u_accept, u_last = sampler.uniforms(k), sampler.uniforms(1)[0]
+                a, bonus = accept_or_resample(p, xp.stack(q), drafts, u_accept, u_last, xp)
+                both = self.device.to_host(xp.concatenate([drafts, xp.stack([a, bonus])]))
+                drafted, (a, bonus) = both[:k].tolist(), both[k:].tolist()
         stats.rounds += 1
         stats.drafted += k
         stats.accepted += a

@@ -30,6 +30,11 @@ class Stats:
     forwards: Counter = field(default_factory=Counter)  # "prefill", "decode", "verify", "re-advance", "head", ...
     graph_runs: dict = field(default_factory=dict)      # "main"/"head" -> {CUDA graph id: runs in this generation}
     phase_ms: dict = field(default_factory=dict)        # phase -> total ms (profiler on)
+    # None: greedy. Sampling: temperature, top_k, top_p and the seed the draws came from (the one
+    # drawn for the run when none was given, so that it can be repeated). The counters above mean
+    # the same under sampling: `accepted` counts drafts the acceptance rule kept, `round_tokens`
+    # the accepted drafts plus the token each round drew after them.
+    sampling: dict | None = None
 
     @property
     def acceptance(self) -> float:
@@ -62,6 +67,7 @@ class Stats:
             "commits": dict(self.commits),
             "forwards": dict(self.forwards),
             "graph_runs": {k: {str(i): n for i, n in v.items()} for k, v in self.graph_runs.items()},
+            "sampling": self.sampling,
         }
         if self.phase_ms:
             rounds = max(self.rounds, 1)
@@ -72,6 +78,8 @@ class Stats:
         """The one-line summary the CLI ends with."""
         parts = [f"{self.new_tokens} tokens, decode {self.decode_seconds:.3f} s ({self.tokens_per_second:.1f} tok/s)",
                  f"prefill {self.prompt_tokens} tokens in {self.prefill_seconds:.3f} s"]
+        if self.sampling:
+            parts.append("sampling " + " ".join(f"{k}={v}" for k, v in self.sampling.items()))
         if self.mode == "mtp":
             parts.append(f"k={self.draft_tokens} acceptance {self.acceptance:.1%} "
                          f"{self.tokens_per_round:.2f} tokens/round over {self.rounds} rounds")

@@ -253,3 +253,42 @@ def test_generation_shows_no_bar_where_stderr_is_not_a_terminal(tiny_folder, cap
     monkeypatch.setattr(ops.progress, "DELAY_S", 0)  # so that only the missing terminal can hide the bar
     assert main(["generate", "--model", str(tiny_folder), "--prompt", "x = 1", "--max-new-tokens", "6", "--json"]) == 0
     assert capsys.readouterr().err == ""
+
+
+# -- sampling ---------------------------------------------------------------------------------------
+
+
+def test_sampling_flags_are_reproducible_with_a_seed(tiny_folder, capsys):
+    base = ["generate", "--model", str(tiny_folder), "--prompt", "def main():", "--max-new-tokens", "10",
+            "--temperature", "0.7", "--top-k", "8", "--json"]
+    runs = {}
+    for mode, seed in (("mtp", "5"), ("mtp", "5"), ("mtp", "6"), ("greedy", "5")):
+        assert main([*base, "--mode", mode, "--seed", seed]) == 0
+        runs.setdefault((mode, seed), []).append(json.loads(capsys.readouterr().out))
+    first, again = runs[("mtp", "5")]
+    assert first["tokens"] == again["tokens"] and first["tokens"] != runs[("mtp", "6")][0]["tokens"]
+    assert first["stats"]["sampling"] == {"temperature": 0.7, "top_k": 8, "top_p": 1.0, "seed": 5}
+    assert runs[("greedy", "5")][0]["stats"]["sampling"]["seed"] == 5
+    # text mode: the stats line on stderr names the knobs and the seed, also the one drawn for the run
+    assert main(base[:-1] + ["--top-p", "0.9"]) == 0
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "sampling temperature=0.7 top_k=8 top_p=0.9 seed=" in line
+    assert_stats_line(line)
+
+
+def test_sampling_mistakes_are_one_line_errors(tiny_folder, capsys):
+    base = ["generate", "--model", str(tiny_folder), "--prompt", "x"]
+    one_line_error(capsys, [*base, "--temperature", "-1"], "temperature must be a finite number >= 0")
+    one_line_error(capsys, [*base, "--temperature", "nan"], "temperature must be a finite number >= 0")
+    one_line_error(capsys, [*base, "--temperature", "warm"], "--temperature", "invalid float value")
+    one_line_error(capsys, [*base, "--temperature", "1", "--top-p", "0"], "top-p must be a number in (0, 1]")
+    one_line_error(capsys, [*base, "--temperature", "1", "--top-p", "1.5"], "top-p must be a number in (0, 1]")
+    one_line_error(capsys, [*base, "--temperature", "1", "--top-k", "-3"], "top-k must be an integer >= 0")
+    one_line_error(capsys, [*base, "--temperature", "1", "--top-k", "2.5"], "--top-k", "invalid int value")
+    one_line_error(capsys, [*base, "--temperature", "1", "--seed", "-1"], "seed must be an integer from 0")
+    one_line_error(capsys, [*base, "--temperature", "1", "--seed", "1.5"], "--seed", "invalid int value")
+    one_line_error(capsys, [*base, "--top-k", "8"], "top-k and top-p apply only when sampling")
+    one_line_error(capsys, [*base, "--top-p", "0.5"], "top-k and top-p apply only when sampling")
+    # checked before the model is read: a bad value is reported even with a missing folder
+    one_line_error(capsys, ["generate", "--model", "/nonexistent", "--prompt", "x", "--temperature", "-1"],
+                   "temperature")
