@@ -23,12 +23,11 @@ import onnx
 import onnxruntime as ort
 
 import ops
-import ops.rewrite
 
 from .device import make_device
 from .folder import ModelFolder
 from .runner import GraphRunner
-from .sessions import EXTERNAL_DATA_FOLDER, create_session
+from .sessions import EXTERNAL_DATA_FOLDER, create_session, rewrite_graph
 
 
 def _max_diff(a, b) -> float:
@@ -88,10 +87,8 @@ def per_op(folder: ModelFolder, prompt: list[int], tokens: list[int], provider: 
     """Per node output: max |wide row j - decode row j| for each j, for nodes where any row differs,
     in graph order (the first entry is where a difference starts)."""
     spec = folder.main
-    proto = onnx.ModelProto()
-    proto.CopyFrom(spec.proto)
-    if rewrite:
-        ops.rewrite.rewrite_model(proto)
+    device = make_device(provider, graph_capture=False, threads=threads)
+    proto, _ = rewrite_graph(spec, rewrite, device)  # what the driver's own sessions run
     declared = {o.name for o in proto.graph.output}
     for node in proto.graph.node:
         for name in node.output:
@@ -102,7 +99,6 @@ def per_op(folder: ModelFolder, prompt: list[int], tokens: list[int], provider: 
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     ops.register(options)
     options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.path.parent.resolve()))
-    device = make_device(provider, graph_capture=False, threads=threads)
     device.session_options(options)
     session = ort.InferenceSession(proto.SerializeToString(), options, providers=device.providers(False))
     names = [o.name for o in session.get_outputs()]

@@ -2,13 +2,22 @@
 
 Every com.microsoft MatMulNBits node is swapped for ort_mtp::MatMulNBits (ops.rewrite), whose rows
 of a multi-row call are bit-identical to single-row calls: that is what lets a verify forward of
-width k+1 produce the same rows as k+1 width-1 decode steps. The swapped graph exists only in
-memory: the session is created from its bytes, and ORT is pointed at the model folder for the
-external weights, so a read-only folder works and no derived file is ever written.
+width k+1 produce the same rows as k+1 width-1 decode steps. Every linear-attention block is
+replaced by one ort_mtp::GatedDeltaNet node (ops.linear_attention), which computes token by token,
+so that its rows and states do not depend on the width either; a block is replaced only where the
+library's GatedDeltaNet runs it on the session's device (a CPU kernel alone does not count for CUDA),
+and a block that does not fit the pattern is kept on ORT's ops (logged, with the reason). The
+rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
+the model folder for the external weights, so a read-only folder works and no derived file is ever
+written; the rewrite itself reads no weight (the graph proto is loaded without external data).
+
+`rewrite`: True (every rewrite), False (ORT's own ops: `--no-rewrite`), or the names of the rewrites
+to run (ops.rewrite.REWRITES: "matmul", "linear-attention").
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 
@@ -53,18 +62,58 @@ def register_library(options: ort.SessionOptions) -> None:
         raise DriverError(f"{path} is not a usable ONNX Runtime custom-op library ({_first_line(e)})") from None
 
 
-def rewrite_graph(spec: GraphSpec) -> tuple[onnx.ModelProto, int]:
-    """A copy of the graph with MatMulNBits on our op; returns it and the number of nodes swapped."""
+log = logging.getLogger(__name__)
+
+
+def rewrites(rewrite) -> tuple[str, ...]:
+    """The rewrite kinds a `rewrite` argument asks for: True -> all, False/None -> none, else its names."""
+    if rewrite is True:
+        return ops.rewrite.REWRITES
+    if not rewrite:
+        return ()
+    kinds = (rewrite,) if isinstance(rewrite, str) else tuple(rewrite)
+    unknown = [k for k in kinds if k not in ops.rewrite.REWRITES]
+    if unknown:
+        raise DriverError(f"unknown rewrite {unknown[0]!r} (one of: {', '.join(ops.rewrite.REWRITES)})")
+    return kinds
+
+
+def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.ModelProto, ops.rewrite.ModelReport]:
+    """A copy of the graph with what `rewrite` asks for on our ops (see the module docstring), for
+    `device` (a driver.device object; None: the CPU); returns it and ops.rewrite's report. A
+    linear-attention block that does not fit is logged as a warning; blocks kept because the
+    library lacks the op for the device are logged at INFO."""
     proto = onnx.ModelProto()
     proto.CopyFrom(spec.proto)
-    return proto, ops.rewrite.rewrite_model(proto)
+    kinds = rewrites(rewrite)
+    if not kinds:
+        return proto, ops.rewrite.ModelReport()
+    available = ops.rewrite.gated_delta_net_check(None, getattr(device, "name", "cpu"),
+                                                  getattr(device, "device_id", 0))
+    unavailable: set[str] = set()  # the library's answers (not about a block's shape)
+
+    def check(signature):
+        why = available(signature)
+        if why:
+            unavailable.add(why)
+        return why
+
+    report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent)
+    for block, why in report.linear_attention.kept:
+        level = logging.INFO if why in unavailable else logging.WARNING
+        log.log(level, "%s: linear-attention block %s stays on ONNX Runtime's ops: %s", spec.path.name, block, why)
+    return proto, report
 
 
-def create_session(spec: GraphSpec, device, max_len: int, rewrite: bool = True,
+def create_session(spec: GraphSpec, device, max_len: int, rewrite=True,
                    graph_capture: bool = False) -> tuple[ort.InferenceSession, int]:
     """A session for one graph on `device`, every symbolic dimension but the width fixed (batch 1,
     buffers max_len long). Returns the session and the number of MatMulNBits nodes on our op."""
-    proto, swapped = rewrite_graph(spec) if rewrite else (spec.proto, 0)
+    if rewrite:
+        proto, report = rewrite_graph(spec, rewrite, device)
+        swapped = report.count
+    else:
+        proto, swapped = spec.proto, 0
     options = ort.SessionOptions()
     options.log_severity_level = log_level()
     register_library(options)

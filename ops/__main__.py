@@ -3,6 +3,7 @@
     python -m ops info [--json]
     python -m ops library-path
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
+                                 [--only matmul|linear-attention]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
 onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 2.
@@ -16,7 +17,7 @@ import os
 import sys
 
 from . import LibraryNotFoundError, cuda_kernels_built, library_path, visible_gpus
-from .rewrite import FileReport, FolderReport, RewriteError, rewrite_path
+from .rewrite import LINEAR_ATTENTION, MATMUL, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
 from .staging import OutputError
 from .usage import Parser, UsageError
 
@@ -30,9 +31,12 @@ def _parser() -> Parser:
     commands.add_parser("library-path", help="print the path of the compiled custom-op library")
     rewrite = commands.add_parser(
         "rewrite",
-        help="swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits",
+        help="put MatMulNBits nodes and linear-attention blocks on the ort_mtp ops",
         description=(
-            "Swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits, sharing the same weights. "
+            "Swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits, sharing the same weights, and "
+            "replace each linear-attention block (CausalConvWithState ... LinearAttention ... GatedRMSNorm) "
+            "with one ort_mtp GatedDeltaNet node where the library has that op; blocks that do not fit "
+            "are kept and reported. "
             "IN and OUT are .onnx files or onnxruntime-genai model folders; OUT must not exist or be "
             "an empty folder, and not be a symbolic link. For a folder every model genai_config.json "
             "names is rewritten, every other file is hard-linked (or copied), and the library is copied in and named in "
@@ -41,13 +45,15 @@ def _parser() -> Parser:
     rewrite.add_argument("input", metavar="IN", help="model file or onnxruntime-genai model folder")
     rewrite.add_argument("output", metavar="OUT", help="output file or folder")
     pattern_help = ("node-name pattern: a glob (e.g. '/model/layers.*/mlp/*'), or 're:REGEX' searched in "
-                    "the name; repeatable")
+                    "the name; a linear-attention block goes by its LinearAttention node's name; repeatable")
     rewrite.add_argument("--include", action="append", metavar="PAT",
                          help="rewrite only nodes matching a pattern; " + pattern_help)
     rewrite.add_argument("--exclude", action="append", metavar="PAT",
                          help="leave nodes matching a pattern alone; " + pattern_help)
     rewrite.add_argument("--library", metavar="PATH",
                          help="custom-op library to copy into an output folder (default: the installed one)")
+    rewrite.add_argument("--only", action="append", choices=REWRITES, metavar="REWRITE",
+                         help="run only this rewrite: " + " or ".join(REWRITES) + " (repeatable; default: all)")
     rewrite.add_argument("--pack", action="store_true",
                          help="also regroup the weights of the nodes that take it into the tiles layout "
                               "(packing=1, faster on CUDA), written to a new <model>.tiles.data file")
@@ -134,7 +140,7 @@ def _print_info(as_json: bool) -> None:
 # -- rewrite ----------------------------------------------------------------------------------------
 
 
-def _print_report(report, pack: bool = False) -> None:
+def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
     if isinstance(report, FileReport):
         models = {report.source.name: report.model}
         where = str(report.output)
@@ -143,9 +149,19 @@ def _print_report(report, pack: bool = False) -> None:
         where = str(report.output)
     for name, model in models.items():
         total = model.count + len(model.unsupported) + model.filtered_out
-        print(f"{name}: rewrote {model.count} of {total} MatMulNBits nodes")
+        blocks = model.linear_attention
+        if MATMUL in kinds and (total or not blocks.total):
+            print(f"{name}: rewrote {model.count} of {total} MatMulNBits nodes")
         for node, why in model.unsupported:
             print(f"warning: {name}: kept {node!r} as com.microsoft MatMulNBits: {why}", file=sys.stderr)
+        if LINEAR_ATTENTION in kinds and (blocks.total or MATMUL not in kinds):
+            print(f"{name}: rewrote {len(blocks.rewritten)} of {blocks.total} linear-attention blocks "
+                  "into ort_mtp GatedDeltaNet")
+            for why, nodes in _by_reason(blocks.kept):
+                shown = ", ".join(repr(n) for n in nodes[:2]) + (f" and {len(nodes) - 2} more" if len(nodes) > 2 else "")
+                what = "linear-attention block" if len(nodes) == 1 else f"{len(nodes)} linear-attention blocks"
+                print(f"warning: {name}: kept {what} {shown} on com.microsoft ops: {why}",
+                      file=sys.stderr)
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}
@@ -154,7 +170,7 @@ def _print_report(report, pack: bool = False) -> None:
             for why, count in sorted(reasons.items()):
                 print(f"  {count} left in MatMulNBits' layout: {why}")
     for pattern in report.unmatched_patterns:
-        print(f"warning: pattern {pattern!r} matched no MatMulNBits node", file=sys.stderr)
+        print(f"warning: pattern {pattern!r} matched no MatMulNBits node nor linear-attention block", file=sys.stderr)
     if isinstance(report, FolderReport):
         carried = f"{report.links} files hard-linked, {report.copies} copied"
         library = f"; library {report.library} copied in and named in genai_config.json" if report.library else ""
@@ -162,6 +178,17 @@ def _print_report(report, pack: bool = False) -> None:
     else:
         shared = ", ".join(f"{loc} ({how})" for loc, how in report.data_files.items())
         print(f"wrote {where}" + (f"; external data: {shared}" if shared else ""))
+
+
+def _by_reason(kept: list[tuple[str, str]]) -> list[tuple[str, list[str]]]:
+    """Kept blocks grouped by their reason, in the order the reasons first appear. A reason that
+    names its block's node is that block's alone; one that does not (the library lacks the op)
+    is usually every block's."""
+    groups: dict[str, list[str]] = {}
+    for node, why in kept:
+        why = why[len(node) + 2:] if why.startswith(f"{node}: ") else why  # the line names the block already
+        groups.setdefault(why, []).append(node)
+    return list(groups.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,14 +201,14 @@ def main(argv: list[str] | None = None) -> int:
             print(library_path())
             return 0
         report = rewrite_path(args.input, args.output, args.include, args.exclude, args.library,
-                              require_rewrite=True, pack=args.pack)
+                              require_rewrite=True, pack=args.pack, rewrites=args.only)
     except (UsageError, RewriteError, OutputError, LibraryNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # permissions, full disk, ...: the system's message names the file
         print(f"error: {e}", file=sys.stderr)
         return 2
-    _print_report(report, args.pack)
+    _print_report(report, args.pack, tuple(args.only) if args.only else REWRITES)
     return 0
 
 

@@ -1,17 +1,33 @@
-"""Swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits, in a model, a file or a genai folder.
+"""Rewrite a model, a file or a genai folder onto our ops: com.microsoft MatMulNBits nodes onto
+ort_mtp MatMulNBits, and linear-attention blocks (the Gated DeltaNet mixer's com.microsoft subgraph)
+onto one ort_mtp GatedDeltaNet node each.
 
-The two ops share attributes and inputs, so a swap only changes the node's domain: the node keeps
-reading the same initializers, no weight byte is touched or copied. With pack=True (`--pack`) the
-swapped nodes that the tiles layout takes (ops.packing: 4 bits, block 32/64/128, K % 256 == 0,
-N % 16 == 0, no zero points, fp16/bf16) also get packing=1 and their B and scales regrouped, written
-to a new `<model>.tiles.data` file; everything else is carried over as without it. Models are loaded with
-load_external_data=False and written back with their external-data references unchanged, so
-external weights stay where they are (a file written into its source's folder shares them; one
-written elsewhere gets them by hard link, or by copy across file systems).
+The rewrites are onnxscript rewriter rules on onnx-ir (ops.patterns, ops.linear_attention): a model
+proto is viewed as an onnx-ir model without loading any external weight, the rules replace what
+they match, and the proto is written back with every other node, initializer and external-data
+reference as it was. A rewrite kind can be chosen with `rewrites` (`--only`): "matmul",
+"linear-attention"; by default both run.
+
+MatMulNBits: the two ops share attributes and inputs, so a swap only changes the node's domain: the
+node keeps reading the same initializers, no weight byte is touched or copied. With pack=True
+(`--pack`) the swapped nodes that the tiles layout takes (ops.packing: 4 bits, block 32/64/128,
+K % 256 == 0, N % 16 == 0, no zero points, fp16/bf16) also get packing=1 and their B and scales
+regrouped, written to a new `<model>.tiles.data` file; everything else is carried over as without it.
+Models are loaded with load_external_data=False and written back with their external-data
+references unchanged, so external weights stay where they are (a file written into its source's
+folder shares them; one written elsewhere gets them by hard link, or by copy across file systems).
+
+Linear attention: Transpose -> CausalConvWithState -> Transpose -> Split -> per-head L2 norms of q
+and k -> q scale -> LinearAttentionGate -> LinearAttention -> GatedRMSNorm becomes one GatedDeltaNet
+reading the same initializers (ops.linear_attention has the pattern and the attributes). A block
+that does not fit (another update rule or activation, a value inside it read outside it, an
+unsupported dtype, ...) is left as it was and reported with the reason; so is every block when the
+custom-op library has no GatedDeltaNet kernel (file and folder rewrites ask it).
 
     import onnx, ops.rewrite
     model = onnx.load("model.onnx", load_external_data=False)
-    ops.rewrite.rewrite_model(model, exclude="/lm_head/*")   # -> number of nodes swapped
+    ops.rewrite.rewrite_model(model, exclude="/lm_head/*")   # -> number of MatMulNBits nodes swapped
+    report = ops.rewrite.rewrite_model_report(model)         # what was rewritten, what was kept and why
     ops.rewrite.rewrite_path("model_folder", "model_folder_ort_mtp")   # also: python -m ops rewrite IN OUT
 
 Nodes our op cannot run (2-bit weights, g_idx, prepacked weights, ...) are left as com.microsoft
@@ -35,12 +51,11 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from . import DOMAIN, MATMUL_NBITS, library_path, packing
+from . import DOMAIN, MATMUL_NBITS, LibraryNotFoundError, library_path, packing
 from .progress import progress_bar
 from .staging import check_output, staged_files, staged_folder
 
 SOURCE_DOMAIN = "com.microsoft"
-OPSET_VERSION = 1
 GENAI_CONFIG = "genai_config.json"
 TILES_DATA_SUFFIX = ".tiles.data"  # <model file><suffix>: the weights --pack rewrote
 GENAI_LIBRARY_KEY = "custom_ops_library"
@@ -48,10 +63,10 @@ GENAI_LIBRARY_KEY = "custom_ops_library"
 a library that lies inside the model folder, an EP's folder or the working directory, so the
 library is copied into the output folder and named relative to it."""
 
-_KNOWN_ATTRIBUTES = {"K", "N", "bits", "block_size", "accuracy_level"}
-_SUPPORTED_A_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16}
-_G_IDX = 4
-_SCALES = 2
+MATMUL = "matmul"
+LINEAR_ATTENTION = "linear-attention"
+REWRITES = (MATMUL, LINEAR_ATTENTION)
+"""The rewrite kinds (`python -m ops rewrite --only NAME`, the driver's rewrite=...)."""
 
 
 class RewriteError(Exception):
@@ -66,7 +81,9 @@ class NodeFilter:
     """Which nodes to rewrite, by node name. A pattern is a glob (fnmatch, case-sensitive, `*`
     crosses `/`) or, prefixed with `re:`, a regular expression searched in the name. A node is
     rewritten when it matches some include pattern (no include patterns: every node) and no
-    exclude pattern. Nodes without a name are matched by their first output's name."""
+    exclude pattern. Nodes without a name are matched by their first output's name. A
+    linear-attention block is selected by the name of its LinearAttention node
+    (`/model/layers.N/linear_attn/LinearAttention`)."""
 
     def __init__(self, include: str | Iterable[str] | None = None, exclude: str | Iterable[str] | None = None):
         self.include = _patterns(include, "include")
@@ -80,7 +97,7 @@ class NodeFilter:
         return (not self.include or bool(hits_include)) and not hits_exclude
 
     def unmatched(self) -> list[str]:
-        """Patterns that matched no MatMulNBits node (likely typos)."""
+        """Patterns that matched no MatMulNBits node nor linear-attention block (likely typos)."""
         return [text for text, _ in self.include + self.exclude if text not in self.matched]
 
 
@@ -108,85 +125,111 @@ def _patterns(spec, what: str):
 
 
 @dataclass
+class BlockReport:
+    """What the linear-attention rewrite did to one model: blocks are named by their LinearAttention
+    node."""
+
+    rewritten: list[str] = field(default_factory=list)            # blocks now one GatedDeltaNet node
+    kept: list[tuple[str, str]] = field(default_factory=list)     # (block, why it was left as it was)
+    filtered_out: int = 0                                          # blocks the include/exclude patterns left alone
+
+    @property
+    def total(self) -> int:
+        return len(self.rewritten) + len(self.kept) + self.filtered_out
+
+
+@dataclass
 class ModelReport:
-    """What a rewrite did to one model."""
+    """What a rewrite did to one model. The first fields are the MatMulNBits rewrite's."""
 
     rewritten: list[str] = field(default_factory=list)           # node names
     unsupported: list[tuple[str, str]] = field(default_factory=list)  # (node name, why it was kept)
     filtered_out: int = 0                                         # MatMulNBits nodes the filter left alone
     packed: int = 0                                               # nodes put in the tiles layout (pack=True)
     not_packed: list[tuple[str, str]] = field(default_factory=list)  # (node name, why not), pack=True
+    linear_attention: BlockReport = field(default_factory=BlockReport)
 
     @property
     def count(self) -> int:
+        """MatMulNBits nodes swapped."""
         return len(self.rewritten)
 
-
-def rewrite_model(model: onnx.ModelProto, include=None, exclude=None) -> int:
-    """Swaps the com.microsoft MatMulNBits nodes selected by include/exclude (see NodeFilter) for
-    ort_mtp MatMulNBits, in place, in the main graph, its subgraphs and the model's functions.
-    Adds the ort_mtp opset import when it swapped a node. Returns the number of nodes swapped."""
-    return rewrite_model_report(model, NodeFilter(include, exclude)).count
+    @property
+    def changed(self) -> bool:
+        """Whether anything was rewritten (a MatMulNBits node or a linear-attention block)."""
+        return bool(self.rewritten or self.linear_attention.rewritten)
 
 
-def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None) -> ModelReport:
-    """rewrite_model, returning what was swapped, what was kept and why."""
+def rewrite_model(model: onnx.ModelProto, include=None, exclude=None, rewrites=None) -> int:
+    """Rewrites the model in place (rewrite_model_report); returns the number of MatMulNBits nodes
+    swapped."""
+    return rewrite_model_report(model, NodeFilter(include, exclude), rewrites).count
+
+
+def _rewrite_kinds(rewrites) -> tuple[str, ...]:
+    if rewrites is None:
+        return REWRITES
+    kinds = (rewrites,) if isinstance(rewrites, str) else tuple(rewrites)
+    for kind in kinds:
+        if kind not in REWRITES:
+            raise RewriteError(f"unknown rewrite {kind!r} (one of: {', '.join(REWRITES)})")
+    return kinds
+
+
+def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None, rewrites=None,
+                         gated_delta_net=None, base_dir=None) -> ModelReport:
+    """Rewrites, in place, in the main graph, its subgraphs and the model's functions: the
+    com.microsoft MatMulNBits nodes and the linear-attention blocks selected by node_filter (see
+    NodeFilter; a block is selected by its LinearAttention node's name). `rewrites`: which kinds run
+    (REWRITES, default all). `gated_delta_net(signature) -> None | reason`, if given, says whether
+    the GatedDeltaNet op can run a block's types (ops.linear_attention.available); without it the
+    linear-attention rewrite is structural only. `base_dir`: the model's folder, where small
+    constants stored as external data are read from (no large initializer is read). Adds the
+    ort_mtp opset import where it rewrote a node. The proto is not touched when nothing is
+    rewritten; otherwise every node, initializer, external reference and value_info that is not
+    part of a rewritten node stays as it was."""
     node_filter = node_filter or NodeFilter()
+    kinds = _rewrite_kinds(rewrites)
     report = ModelReport()
-    initializer_types = {t.name: t.data_type for g in _graphs(model.graph) for t in g.initializer}
-    for owner, nodes in _node_lists(model):
-        changed = False
-        for node in nodes:
-            if node.op_type != MATMUL_NBITS or node.domain != SOURCE_DOMAIN:
-                continue
-            name = node.name or (node.output[0] if node.output else "")
-            if not node_filter.selects(name):
-                report.filtered_out += 1
-                continue
-            problem = _unsupported_reason(node, initializer_types)
-            if problem:
-                report.unsupported.append((name, problem))
-                continue
-            node.domain = DOMAIN
-            report.rewritten.append(name)
-            changed = True
-        if changed and owner is not None:  # a function declares its own opsets
-            _ensure_opset(owner.opset_import)
-    if report.rewritten:
-        _ensure_opset(model.opset_import)
+    wanted = {(SOURCE_DOMAIN, MATMUL_NBITS)} if MATMUL in kinds else set()
+    if LINEAR_ATTENTION in kinds:
+        wanted.add((SOURCE_DOMAIN, "LinearAttention"))
+    if not any((n.domain, n.op_type) in wanted for _, nodes in _node_lists(model) for n in nodes):
+        return report  # nothing to look at: no onnx-ir view of the model is built
+
+    import onnx_ir as ir
+
+    from . import patterns
+    from .linear_attention import LinearAttentionRewrite
+
+    view = ir.serde.deserialize_model(model)
+    if base_dir is not None:
+        ir.external_data.set_base_dir(view.graph, str(base_dir))
+    if MATMUL in kinds:
+        outcome = patterns.apply(view, patterns.MatMulNBitsRewrite(), node_filter.selects)
+        report.rewritten, report.unsupported, report.filtered_out = outcome.rewritten, outcome.kept, outcome.filtered_out
+    if LINEAR_ATTENTION in kinds:
+        outcome = patterns.apply(view, LinearAttentionRewrite(gated_delta_net), node_filter.selects)
+        report.linear_attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+    if report.changed:
+        rewritten = ir.serde.serialize_model(view)
+        _keep_value_info(model, rewritten)
+        model.CopyFrom(rewritten)
     return report
 
 
-def _unsupported_reason(node: onnx.NodeProto, initializer_types: dict[str, int]) -> str | None:
-    """Why ort_mtp::MatMulNBits cannot run this node, or None. Mirrors the op's own checks
-    (csrc/matmul_nbits/matmul_nbits.cc) for what can be seen in the graph."""
-    attrs = {a.name: a for a in node.attribute}
-    for name in attrs:
-        if name == "weight_prepacked" and attrs[name].i == 0:
-            continue  # explicit "raw layout", which is ours
-        if name not in _KNOWN_ATTRIBUTES:
-            return f"attribute {name!r} is not supported"
-    for name in ("K", "N", "block_size"):
-        if name not in attrs:
-            return f"attribute {name!r} is missing"
-    bits = attrs["bits"].i if "bits" in attrs else 4
-    if bits not in (4, 8):
-        return f"bits={bits} is not supported (4 or 8)"
-    block = attrs["block_size"].i
-    if block < 16 or block > 256 or block & (block - 1):
-        return f"block_size={block} is not a power of two in [16, 256]"
-    if len(node.input) > _G_IDX and node.input[_G_IDX]:
-        return "g_idx (act-order) is not supported"
-    if len(node.input) > _SCALES:
-        scale_type = initializer_types.get(node.input[_SCALES])
-        if scale_type is not None and scale_type not in _SUPPORTED_A_TYPES:
-            return f"scales type {onnx.TensorProto.DataType.Name(scale_type)} is not supported"
-    return None
-
-
-def _ensure_opset(opset_import) -> None:
-    if not any(o.domain == DOMAIN for o in opset_import):
-        opset_import.append(onnx.helper.make_opsetid(DOMAIN, OPSET_VERSION))
+def _keep_value_info(original: onnx.ModelProto, rewritten: onnx.ModelProto) -> None:
+    """onnx-ir writes a value_info entry for every value whose type it knows, initializers included;
+    the rewritten proto keeps only the entries the original had (a rewritten node's outputs keep
+    their names, so theirs stay), so the graph does not grow by entries nobody asked for."""
+    names = {vi.name for g in _graphs(original.graph) for vi in g.value_info}
+    names |= {vi.name for f in original.functions for vi in f.value_info}
+    owners = list(_graphs(rewritten.graph)) + list(rewritten.functions)
+    for owner in owners:
+        keep = [vi for vi in owner.value_info if vi.name in names]
+        if len(keep) != len(owner.value_info):
+            del owner.value_info[:]
+            owner.value_info.extend(keep)
 
 
 def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -326,14 +369,33 @@ def _pack(model: onnx.ModelProto, report: ModelReport, source: Path, output: Pat
         raise RewriteError(f"cannot pack {source}: {e}") from None
 
 
+def gated_delta_net_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
+    """The `gated_delta_net` argument of rewrite_model_report for a model that will run with
+    `library` (default: ops.library_path()) on `provider`: a block is rewritten only where the
+    library's GatedDeltaNet kernel takes its types there. The library is looked up, and asked, only
+    when a block otherwise fits."""
+    from . import linear_attention
+
+    def check(signature) -> str | None:
+        try:
+            path = str(library) if library else library_path()
+        except LibraryNotFoundError as e:
+            return f"no custom-op library to run ort_mtp::GatedDeltaNet ({e})"
+        return linear_attention.available(path, provider, signature, device_id)
+
+    return check
+
+
 def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False,
-                 pack: bool = False) -> FileReport:
+                 pack: bool = False, rewrites=None) -> FileReport:
     """Rewrites one .onnx file into `output` (a new file, or a new file inside an empty existing
     folder). External data files are shared when output lies in the source's folder, otherwise
     hard-linked (or copied) next to the output under the same relative names. require_rewrite:
     raise when no node was swapped. pack: also put the weights of the nodes the tiles layout takes
-    into it (packing=1; see _pack). Raises ops.staging.OutputError for a symbolic-link output; an
-    error or interrupt leaves no file behind."""
+    into it (packing=1; see _pack). rewrites: which kinds run (REWRITES, default all); a
+    linear-attention block is rewritten only if the installed library (ops.library_path()) runs
+    GatedDeltaNet for its types on the CPU EP. Raises ops.staging.OutputError for a symbolic-link
+    output; an error or interrupt leaves no file behind."""
     source, output = Path(source), Path(output)
     model = load_model(source)
     check_output(output)
@@ -347,10 +409,11 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
         raise RewriteError(f"{output.parent}: no such folder")
 
     node_filter = NodeFilter(include, exclude)
-    report = FileReport(source, output, rewrite_model_report(model, node_filter))
+    report = FileReport(source, output, rewrite_model_report(
+        model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent))
     report.unmatched_patterns = node_filter.unmatched()
-    if require_rewrite and not report.model.count and not (pack and _has_our_nodes(model)):
-        raise RewriteError(_nothing_rewritten(source, report.model))
+    if require_rewrite and not report.model.changed and not (pack and _has_our_nodes(model)):
+        raise RewriteError(_nothing_rewritten(source, report.model, _rewrite_kinds(rewrites)))
 
     same_folder = output.parent.resolve() == source.parent.resolve()
     plan = []
@@ -434,15 +497,38 @@ def _session_options_for(section: dict, config: dict) -> dict:
     return owner["session_options"]
 
 
+def _section_provider(section: dict, config: dict) -> tuple[str, int]:
+    """The execution provider (and device id) genai runs a section's model on: the first entry of
+    its session options' provider_options (the decoder's for a section without session options),
+    "cpu" when there is none. Reads the config without changing it."""
+    options = section.get("session_options")
+    if not isinstance(options, dict):
+        decoder = config.get("model", {}).get("decoder")
+        options = decoder.get("session_options") if isinstance(decoder, dict) else None
+    providers = options.get("provider_options") if isinstance(options, dict) else None
+    for entry in providers if isinstance(providers, list) else []:
+        if isinstance(entry, dict) and entry:
+            name, settings = next(iter(entry.items()))
+            device = settings.get("device_id", 0) if isinstance(settings, dict) else 0
+            try:
+                return str(name).lower(), int(device)
+            except (TypeError, ValueError):
+                return str(name).lower(), 0
+    return "cpu", 0
+
+
 def rewrite_folder(source, output, include=None, exclude=None, library: str | None = None,
-                   require_rewrite: bool = False, pack: bool = False) -> FolderReport:
+                   require_rewrite: bool = False, pack: bool = False, rewrites=None) -> FolderReport:
     """Rewrites every model a genai_config.json names into a new folder `output` (absent or empty)
     and carries every other file over (hard link, else copy; weights are never rewritten). The
     library (default: ops.library_path()) is copied into `output` and named in the session options
     of each rewritten model, so onnxruntime-genai loads the folder as it is. require_rewrite:
     raise when no node was swapped. pack: also put the weights of the nodes the tiles layout takes
-    into it (packing=1; see _pack). Raises ops.staging.OutputError for an output that is a symbolic
-    link, the source folder or inside it; an error or interrupt leaves no `output` behind."""
+    into it (packing=1; see _pack). rewrites: which kinds run (REWRITES, default all); a
+    linear-attention block is rewritten only if the library copied in runs GatedDeltaNet for its
+    types on the EP genai_config.json names for the model (its CUDA kernel for a CUDA folder, which
+    needs a GPU here to be asked). Raises ops.staging.OutputError for an output that is a symbolic link, the
+    source folder or inside it; an error or interrupt leaves no `output` behind."""
     source, output = Path(source), Path(output)
     config_path = source / GENAI_CONFIG
     if not source.is_dir():
@@ -463,6 +549,7 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
         raise RewriteError(f"{config_path} names no .onnx model")
 
     node_filter = NodeFilter(include, exclude)
+    kinds = _rewrite_kinds(rewrites)
     report = FolderReport(source, output)
     rewritten: dict[str, onnx.ModelProto] = {}
     model_paths: dict[str, Path] = {}
@@ -476,8 +563,11 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
             data = model_path.parent / _safe_relative(location, model_path)
             if not data.is_file():
                 raise RewriteError(f"{model_path}: external data file {data} is missing")
-        report.models[name] = rewrite_model_report(model, node_filter)
-        if report.models[name].count or (pack and _has_our_nodes(model)):
+        provider, device_id = _section_provider(section, config)
+        report.models[name] = rewrite_model_report(model, node_filter, kinds,
+                                                   gated_delta_net_check(library, provider, device_id),
+                                                   base_dir=model_path.parent)
+        if report.models[name].changed or (pack and _has_our_nodes(model)):
             rewritten[name] = model  # with pack, a model already on our op is rewritten too
     report.unmatched_patterns = node_filter.unmatched()
     if require_rewrite and not rewritten:
@@ -485,7 +575,9 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
         for r in report.models.values():
             merged.unsupported += r.unsupported
             merged.filtered_out += r.filtered_out
-        raise RewriteError(_nothing_rewritten(source, merged))
+            merged.linear_attention.kept += r.linear_attention.kept
+            merged.linear_attention.filtered_out += r.linear_attention.filtered_out
+        raise RewriteError(_nothing_rewritten(source, merged, kinds))
 
     lib_src = Path(library) if library else Path(library_path())
     if rewritten:
@@ -542,13 +634,13 @@ def _carry_over(source: Path, output: Path, written: set[str], report: FolderRep
 
 
 def rewrite_path(source, output, include=None, exclude=None, library: str | None = None,
-                 require_rewrite: bool = False, pack: bool = False):
+                 require_rewrite: bool = False, pack: bool = False, rewrites=None):
     """rewrite_folder for a folder, rewrite_file for a file."""
     source = Path(source)
     if source.is_dir():
-        return rewrite_folder(source, output, include, exclude, library, require_rewrite, pack)
+        return rewrite_folder(source, output, include, exclude, library, require_rewrite, pack, rewrites)
     if source.is_file():
-        return rewrite_file(source, output, include, exclude, require_rewrite, pack)
+        return rewrite_file(source, output, include, exclude, require_rewrite, pack, rewrites)
     raise RewriteError(f"{source}: no such file or folder")
 
 
@@ -557,7 +649,27 @@ def _has_our_nodes(model: onnx.ModelProto) -> bool:
     return any(n.domain == DOMAIN and n.op_type == MATMUL_NBITS for n in model.graph.node)
 
 
-def _nothing_rewritten(source: Path, report: ModelReport) -> str:
+def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str:
+    blocks = report.linear_attention
+    if MATMUL not in kinds and not blocks.total:
+        return f"{source} has no linear-attention block (com.microsoft LinearAttention node)"
+    if blocks.total:
+        matmuls = len(report.unsupported) + report.filtered_out
+        if blocks.kept:
+            name, why = blocks.kept[0]
+            la = (f"none of its {blocks.total} linear-attention blocks can be rewritten "
+                  f"({len(blocks.kept)} kept, e.g. {name!r}: {why})")
+        else:
+            la = f"the include/exclude patterns select none of its {blocks.total} linear-attention blocks"
+        if MATMUL not in kinds:
+            return f"{source}: {la}"
+        if report.unsupported:
+            name, why = report.unsupported[0]
+            return (f"{source}: {la}, and no MatMulNBits node can be rewritten ({len(report.unsupported)} "
+                    f"unsupported, e.g. {name!r}: {why})")
+        if report.filtered_out:
+            return f"{source}: {la}, and the patterns select none of its {matmuls} MatMulNBits nodes"
+        return f"{source}: {la}, and it has no com.microsoft MatMulNBits node"
     if report.unsupported:
         name, why = report.unsupported[0]
         return (f"{source}: no MatMulNBits node can be rewritten ({len(report.unsupported)} unsupported, "

@@ -210,6 +210,7 @@ def test_unsupported_nodes_are_kept_with_a_reason(mutate, reason):
     node = next(n for n in model.graph.node if n.name == NAMES["up"])
     mutate(node)
     report = rewrite_model_report(model)
+    node = next(n for n in model.graph.node if n.name == NAMES["up"])  # the rewritten proto's node
     assert node.domain == "com.microsoft"
     assert any(name == NAMES["up"] and reason in why for name, why in report.unsupported)
 
@@ -219,6 +220,7 @@ def test_prepacked_zero_means_raw_layout():
     node = next(n for n in model.graph.node if n.name == NAMES["up"])
     node.attribute.append(helper.make_attribute("weight_prepacked", 0))
     rewrite_model(model)
+    node = next(n for n in model.graph.node if n.name == NAMES["up"])  # the rewritten proto's node
     assert node.domain == "ort_mtp"
 
 

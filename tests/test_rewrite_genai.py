@@ -1,6 +1,7 @@
-"""A real onnxruntime-genai folder: a tiny random Qwen3 checkpoint exported by onnxruntime-genai's own
-builder (int4, CPU), rewritten with `ops.rewrite.rewrite_folder`, then loaded and run by
-onnxruntime-genai itself on the CPU."""
+"""Real onnxruntime-genai folders: a tiny random Qwen3 checkpoint exported by onnxruntime-genai's own
+builder (int4, CPU), and the builder's Qwen3.5 export (conftest's builder folder: linear-attention
+layers), rewritten with `ops.rewrite.rewrite_folder`, then loaded and run by onnxruntime-genai itself
+on the CPU."""
 
 from __future__ import annotations
 
@@ -104,3 +105,28 @@ def test_without_the_library_key_genai_cannot_load_it(genai_qwen3, tmp_path):
     config_path.write_text(json.dumps(config))
     with pytest.raises(Exception, match="ort_mtp"):
         og.Model(str(out))
+
+
+def test_qwen35_blocks_on_gated_delta_net_run_in_onnxruntime_genai(builder_loadable_copy, tmp_path):
+    """The builder's Qwen3.5 folder (Gated DeltaNet layers) rewritten with both rewrites: onnxruntime-genai
+    runs its linear-attention blocks as ort_mtp GatedDeltaNet nodes, with the logits of the original
+    folder run with exact arithmetic, within float32 rounding."""
+    import ops
+    import ops.linear_attention
+
+    missing = ops.linear_attention.available(ops.library_path())
+    if missing:
+        pytest.skip(f"needs ort_mtp::GatedDeltaNet in the library: {missing}")
+    out = tmp_path / "rewritten"
+    report = rewrite_folder(builder_loadable_copy, out)
+    blocks = report.models["model.onnx"].linear_attention
+    assert len(blocks.rewritten) == blocks.total == 3 and report.models["model.onnx"].count > 0
+    model = onnx.load(str(out / "model.onnx"), load_external_data=False)
+    assert sum(n.op_type == "GatedDeltaNet" and n.domain == "ort_mtp" for n in model.graph.node) == 3
+    assert not any(n.op_type == "LinearAttention" for n in model.graph.node)
+    prompt, next_token = [1, 5, 7, 9, 11], 42
+    want = _logits(_exact_arithmetic_copy(builder_loadable_copy, tmp_path / "exact"), prompt, next_token)
+    got = _logits(out, prompt, next_token)
+    for w, g in zip(want, got):
+        assert w.shape == g.shape
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4 * np.abs(w).max())
