@@ -1,5 +1,5 @@
-"""Random cases for both ops of the library, as a hostile model file or a careless caller would build
-them: random shapes, element types, declared output types, attributes, bound buffers, and weights
+"""Random cases for the library's ops (CopySlots, MatMulNBits, GatedDeltaNet), as a hostile model
+file or a careless caller would build them: random shapes, element types, declared output types, attributes, bound buffers, and weights
 as initializers or as graph inputs.
 
 Each case is a valid base (random) with zero to two mutations, every mutation one that the op's
@@ -32,6 +32,7 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, run as a script
 
 import ops  # noqa: E402
+from ops import gated_delta_net as gdn  # noqa: E402
 from ops import nbits, packing  # noqa: E402
 from ops.copy_slots import Pair, copy_slots_model, elem_type, expected  # noqa: E402
 
@@ -393,6 +394,106 @@ def run_matmul(case: dict, provider: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# GatedDeltaNet
+
+GDN_MUTATIONS = ["heads_attr", "v_heads_attr", "head_dim_attr", "window_attr", "qkv_shape", "z_shape", "gate_shape",
+                 "conv_weight_shape", "past_conv_shape", "past_recurrent_shape", "input_dtype", "output_dtype",
+                 "drop_input", "drop_output"]
+
+
+def gated_delta_net_case(rng) -> dict:
+    hk = int(rng.integers(1, 3))
+    return {"op": "GatedDeltaNet", "num_k_heads": hk, "num_v_heads": hk * int(rng.integers(1, 3)),
+            "k_head_dim": int(rng.choice([4, 8, 16])), "v_head_dim": int(rng.choice([4, 8, 16])),
+            "conv_kernel": int(rng.choice([2, 4])), "state_window": int(rng.choice([0, 0, 2, 4])),
+            "dtype": str(rng.choice(["float32", "float16", "bfloat16"])), "batch": int(rng.integers(0, 3)),
+            "seq": int(rng.integers(1, 7)), "weights_as_inputs": bool(rng.random() < 0.3),
+            "conv_bias": bool(rng.random() < 0.7),
+            "mutations": sorted({str(m) for m in rng.choice(GDN_MUTATIONS, size=int(rng.choice([0, 0, 1, 1, 2])))}),
+            "choice": int(rng.integers(0, 1 << 30))}
+
+
+def _bump(shape, axis):
+    shape = list(shape)
+    shape[axis] += 1
+    return shape
+
+
+def run_gated_delta_net(case: dict, provider: str) -> str:
+    rng = np.random.default_rng(case["choice"])
+    cfg = gdn.GdnConfig(case["num_k_heads"], case["num_v_heads"], case["k_head_dim"], case["v_head_dim"],
+                        conv_kernel=case["conv_kernel"], state_window=case["state_window"], dtype=case["dtype"])
+    weights = gdn.random_weights(rng, cfg, conv_bias=case["conv_bias"])
+    inputs = gdn.random_inputs(rng, cfg, case["batch"], case["seq"])
+    attrs, input_dtypes, output_dtypes, build = {}, {}, {}, {}
+    bad = dict(inputs)  # what is fed: the valid inputs, or a mis-shaped one
+    for m in case["mutations"]:
+        if m == "heads_attr":
+            attrs["num_k_heads"] = int(rng.choice([0, -1, case["num_k_heads"] + 1, 1 << 40]))
+        elif m == "v_heads_attr":
+            attrs["num_v_heads"] = int(rng.choice([0, case["num_v_heads"] + 1, 2 * case["num_v_heads"] + 1]))
+        elif m == "head_dim_attr":
+            attrs[str(rng.choice(["k_head_dim", "v_head_dim"]))] = int(rng.choice([0, 3, 1 << 20]))
+        elif m == "window_attr":
+            attrs["state_window"] = int(rng.choice([-1, 3, 65])) if case["state_window"] else 2
+        elif m in ("qkv_shape", "z_shape", "gate_shape"):
+            name = {"qkv_shape": "qkv", "z_shape": "z", "gate_shape": str(rng.choice(["a", "b"]))}[m]
+            bad[name] = gdn.round_to(rng.standard_normal(_bump(inputs[name].shape, -1)), cfg.dtype)
+        elif m == "past_conv_shape":
+            # batch or channels: a longer last axis (K - 1) would agree with a conv_weight_shape mutation
+            bad["past_conv"] = np.zeros(_bump(inputs["past_conv"].shape, int(rng.integers(-3, -1))), np.float32)
+        elif m == "past_recurrent_shape":
+            bad["past_recurrent"] = np.zeros(_bump(inputs["past_recurrent"].shape, int(rng.integers(-3, 0))),
+                                             np.float32)
+        elif m == "conv_weight_shape":  # K one more than the conv state holds
+            weights.conv_weight = np.concatenate([weights.conv_weight, weights.conv_weight[..., :1]], axis=-1)
+        elif m == "input_dtype":
+            input_dtypes[str(rng.choice(["qkv", "z", "norm_weight"]))] = "float64"
+        elif m == "output_dtype":
+            output_dtypes[str(rng.choice(list(gdn.OUTPUTS)))] = str(rng.choice(["float64", "uint8"]))
+        elif m == "drop_input":
+            build["n_inputs"] = int(rng.integers(1, len(gdn.INPUTS)))
+        elif m == "drop_output":
+            build["n_outputs"] = int(rng.integers(0, len(gdn.OUTPUTS)))
+    as_inputs = case["weights_as_inputs"] or "input_dtype" in case["mutations"]
+    if as_inputs and weights.conv_bias is None:
+        input_dtypes["conv_bias"] = None  # the node's conv_bias input left empty
+    bf16 = cfg.dtype == "bfloat16"
+
+    def go():
+        model = gdn.gated_delta_net_model(cfg, None if as_inputs else weights, node_name=NODE, float32_io=bf16,
+                                          attrs=attrs, input_dtypes=input_dtypes, output_dtypes=output_dtypes,
+                                          **build)
+        session = make_session(model, provider)
+        names = {i.name for i in session.get_inputs()}
+        values = gdn.feeds(bad, cfg, weights if as_inputs else None, float32_io=bf16)
+        for name, dtype in input_dtypes.items():
+            if dtype is not None and name in values:
+                values[name] = values[name].astype(dtype)
+        return session.run(None, {k: v for k, v in values.items() if k in names})
+
+    outcome, result = attempt(go)
+    if case["mutations"]:
+        return expect_error(outcome, result)
+    if outcome != "ok":
+        raise CaseFailure(f"a valid case failed: {result}")
+    want = gdn.reference(cfg, weights, inputs)
+    u = {"float32": U32, "float16": 2.0**-11, "bfloat16": UBF16}[cfg.dtype]
+    for name, got in zip(gdn.OUTPUTS, result):
+        ref = want[name].astype(np.float64)
+        got = np.asarray(got, np.float64)
+        if got.shape != ref.shape:
+            raise CaseFailure(f"{name} has shape {got.shape}, expected {ref.shape}")
+        # Both compute in wide precision and round where the subgraph stores a tensor; the CUDA kernel
+        # accumulates in float32 (dk terms per state product), hence the margin of a few roundings.
+        rms = float(np.sqrt(np.mean(ref * ref))) if ref.size else 0.0
+        tol = 8 * u * (np.abs(ref) + rms) + 64 * U32 * (np.abs(ref) + rms) + 1e-30
+        if not np.all(np.abs(got - ref) <= tol):
+            raise CaseFailure(f"{name} differs from the reference: max error / bound {np.max(np.abs(got - ref) / tol):.3g}")
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------------------
 # Running cases
 
 def make_session(model, provider: str) -> ort.InferenceSession:
@@ -422,13 +523,16 @@ def expect_error(outcome: str, result) -> str:
     return "error"
 
 
+CASE_MAKERS = (copy_slots_case, matmul_case, gated_delta_net_case)  # case i is of op i % 3
+RUNNERS = {"CopySlots": run_copy_slots, "MatMulNBits": run_matmul, "GatedDeltaNet": run_gated_delta_net}
+
+
 def make_case(seed: int, index: int) -> dict:
-    rng = np.random.default_rng([seed, index])
-    return copy_slots_case(rng) if index % 2 == 0 else matmul_case(rng)
+    return CASE_MAKERS[index % len(CASE_MAKERS)](np.random.default_rng([seed, index]))
 
 
 def run_case(case: dict, provider: str) -> str:
-    return (run_copy_slots if case["op"] == "CopySlots" else run_matmul)(case, provider)
+    return RUNNERS[case["op"]](case, provider)
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """tests/op_fuzz.py's random cases for both ops on the device under test (groups op-fuzz-seed*).
 
-The same cases as tests/test_ops_fuzz.py runs on the CPU EP (seeds 0 and 1, 600 cases each): random
+The same cases as tests/test_ops_fuzz.py runs on the CPU EP (seeds 0 and 1, 900 cases each): random
 shapes, element types, declared output types, attributes, bound buffers, weights as initializers or
 graph inputs, each a valid base with zero to two contract-breaking mutations. A valid case must equal
 the reference (CopySlots bitwise, MatMulNBits within the float64 reference's rounding bound), a
@@ -18,9 +18,9 @@ from harness import ROOT, Context
 sys.path.insert(0, str(ROOT / "tests"))
 import op_fuzz  # noqa: E402
 
-CASES = 600
+CASES = 900  # 300 per op
 SEEDS = (0, 1)
-OUTCOMES = ("CopySlots ok", "CopySlots error", "MatMulNBits ok", "MatMulNBits error")
+OUTCOMES = tuple(f"{op} {outcome}" for op in ("CopySlots", "MatMulNBits", "GatedDeltaNet") for outcome in ("ok", "error"))
 
 
 def check_op_fuzz(ctx: Context, seed: int, cases: int = CASES):
