@@ -1,6 +1,6 @@
 """Random cases for the library's ops (CopySlots, MatMulNBits, GatedDeltaNet), as a hostile model
-file or a careless caller would build them: random shapes, element types, declared output types, attributes, bound buffers, and weights
-as initializers or as graph inputs.
+file or a careless caller would build them: random shapes, element types, declared output types,
+attributes, bound buffers, and weights as initializers or as graph inputs.
 
 Each case is a valid base (random) with zero to two mutations, every mutation one that the op's
 contract forbids. The outcome must be exactly one of:
