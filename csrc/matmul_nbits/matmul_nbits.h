@@ -83,12 +83,18 @@ struct MatMulNBitsProblem {
   void* y = nullptr;                  // [M, N] of `type`
 };
 
+// CPU kernels. MatMulNBitsCpu runs the fast float32 kernel (matmul_nbits_cpu.cc, cpu_gemv_body.h:
+// AVX-512 or AVX2+FMA picked at run time, a fixed order of operations per output) where it applies
+// and the reference otherwise; ORT_MTP_CPU_KERNEL=reference|avx2|avx512 (read once) forces one.
+// MatMulNBitsCpuKernel names the kernel MatMulNBitsCpu would run for p.
 // CPU reference: each output is (sum over k of float(a) * float(dequant(b))) accumulated in double in
 // ascending k, plus bias, rounded once to the output type. Rows are independent of each other, so
 // row i of an M-row call equals the M=1 call on row i. `parallel_for(fn, user, n_tasks)` spreads the
 // N dimension over ORT's intra-op thread pool (nullptr: run serially).
 using ParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
 void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
+void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
+const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p);
 
 #ifdef ORT_MTP_WITH_CUDA
 // Launches on `stream` (the session's compute stream); no host synchronisation, no allocation, so it

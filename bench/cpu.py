@@ -1,0 +1,182 @@
+"""CPU MatMulNBits: ours (ort_mtp) against ONNX Runtime's com.microsoft::MatMulNBits, and the copy
+bandwidth measured in the same run; optionally greedy / MTP tok/s on the `small` preset.
+
+    python bench/cpu.py [--reps 21] [--threads 2] [--e2e FOLDER] [--out bench/results/cpu-gemv]
+
+Each timed graph holds LAYERS independent MatMulNBits nodes of one shape, each with its own weights
+(so the weights stream from memory, not from a core's L2), all reading the same A; one session.run
+of it is timed and divided by LAYERS. Bytes per layer = B + scales + A + Y. The copy bandwidth is
+numpy's copyto of a 256 MiB float32 array (read + write bytes / time). Every figure is the median of
+--reps runs after warm-up. Targets (reported, not asserted): ours at M = 1..8 >= 80% of copy
+bandwidth; ours M=8 <= 1.3 x M=1; our greedy tok/s >= ORT's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import ops  # noqa: E402
+from ops import nbits  # noqa: E402
+
+SHAPES = [(1024, 1024), (4096, 1024), (1024, 4096)]  # (N, K): out x in
+MS = [1, 2, 4, 8]
+
+
+def layers_model(ws, domain: str) -> onnx.ModelProto:
+    K, N = ws[0].K, ws[0].N
+    nodes, inits, outs = [], [], []
+    for i, w in enumerate(ws):
+        inits += [nbits.tensor(f"B{i}", w.b), nbits.tensor(f"S{i}", w.scales, w.dtype)]
+        nodes.append(helper.make_node("MatMulNBits", ["A", f"B{i}", f"S{i}"], [f"Y{i}"], name=f"mm{i}", domain=domain,
+                                      K=K, N=N, bits=w.bits, block_size=w.block_size))
+        outs.append(helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, ["M", N]))
+    graph = helper.make_graph(nodes, "layers", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
+                              outs, initializer=inits)
+    return helper.make_model(graph, ir_version=10,
+                             opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+
+
+def session(model, threads: int) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.log_severity_level = 3
+    so.register_custom_ops_library(ops.library_path())
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def median_time(fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def copy_bandwidth(reps: int) -> float:
+    src = np.ones(64 * 1024 * 1024, np.float32)
+    dst = np.empty_like(src)
+    t = median_time(lambda: np.copyto(dst, src), reps)
+    return 2 * src.nbytes / t / 1e9
+
+
+def bench_matmul(args, copy_gbs: float) -> list[dict]:
+    rng = np.random.default_rng(0)
+    rows = []
+    for N, K in SHAPES:
+        layers = max(4, min(32, (64 << 20) // (N * K // 2)))  # >= 64 MiB of int4 weights per graph
+        ws = [nbits.random_weights(rng, K, N, bits=4, block_size=32, dtype="float32") for _ in range(layers)]
+        weight_bytes = N * K // 2 + N * (K // 32) * 4
+        sessions = {name: session(layers_model(ws, dom), args.threads)
+                    for name, dom in (("ours", "ort_mtp"), ("ort", "com.microsoft"))}
+        for M in MS:
+            a = rng.standard_normal((M, K)).astype(np.float32)
+            row = {"N": N, "K": K, "M": M, "layers": layers, "bytes_per_layer": weight_bytes + 4 * M * (K + N)}
+            for name, s in sessions.items():
+                t = median_time(lambda: s.run(None, {"A": a}), args.reps) / layers
+                row[f"{name}_us"] = t * 1e6
+                row[f"{name}_gbs"] = row["bytes_per_layer"] / t / 1e9
+                row[f"{name}_pct_copy"] = 100 * row[f"{name}_gbs"] / copy_gbs
+            rows.append(row)
+            print(f"N={N:5d} K={K:5d} M={M}: ours {row['ours_us']:8.1f} us ({row['ours_pct_copy']:5.1f}% copy)  "
+                  f"ORT {row['ort_us']:8.1f} us ({row['ort_pct_copy']:5.1f}%)", flush=True)
+    return rows
+
+
+def bench_e2e(folder: str, args) -> dict:
+    from driver import Generator
+
+    prompt = list(range(5, 5 + 32))
+    out = {}
+    for path, rewrite in (("ort", False), ("ours", True)):
+        for mode, k in (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3)):
+            gen = Generator(folder, provider="cpu", mode="greedy" if mode == "greedy" else "mtp",
+                            draft_tokens=max(k, 1), rewrite=rewrite, threads=args.threads)
+            tps = []
+            tokens = None
+            for _ in range(args.e2e_reps):
+                r = gen.generate(prompt, args.new_tokens, stop_at_eos=False)
+                tps.append(r.stats.new_tokens / r.stats.decode_seconds if r.stats.decode_seconds else 0.0)
+                tokens = r.tokens
+            key = f"{path}_{mode}" + (f"_k{k}" if k else "")
+            out[key] = {"tok_s": float(np.median(tps)), "tokens": tokens}
+            print(f"{key}: {out[key]['tok_s']:.1f} tok/s", flush=True)
+    return out
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except OSError:
+        return "unknown"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--e2e", default=None, help="model folder (python -m models build --preset small --ep cpu)")
+    ap.add_argument("--e2e-reps", type=int, default=3)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--out", default=str(ROOT / "bench/results/cpu-gemv"))
+    args = ap.parse_args()
+
+    copy_before = copy_bandwidth(args.reps)
+    print(f"copy bandwidth: {copy_before:.1f} GB/s", flush=True)
+    rows = bench_matmul(args, copy_before)
+    copy_after = copy_bandwidth(args.reps)
+    print(f"copy bandwidth after: {copy_after:.1f} GB/s", flush=True)
+    result = {
+        "command": " ".join([Path(sys.executable).name] + sys.argv),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "revision": git_revision(),
+        "library": ops.library_path(),
+        "cpu_kernel_env": os.environ.get("ORT_MTP_CPU_KERNEL", "auto"),
+        "onnxruntime": ort.__version__,
+        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+        "threads": args.threads,
+        "copy_gbs": copy_before,
+        "copy_gbs_after": copy_after,
+        "matmul": rows,
+    }
+    m1 = {(r["N"], r["K"]): r["ours_us"] for r in rows if r["M"] == 1}
+    result["targets"] = {
+        "ours_min_pct_copy_M1_8": min(r["ours_pct_copy"] for r in rows),
+        "ours_max_M8_over_M1": max(r["ours_us"] / m1[(r["N"], r["K"])] for r in rows if r["M"] == 8),
+    }
+    if args.e2e:
+        result["e2e"] = bench_e2e(args.e2e, args)
+        result["e2e_folder"] = args.e2e
+        result["targets"]["greedy_ours_over_ort"] = result["e2e"]["ours_greedy"]["tok_s"] / result["e2e"]["ort_greedy"]["tok_s"]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = result["date"].replace(":", "").replace("+0000", "Z")
+    path = out / f"cpu-{stamp}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["targets"], indent=1))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
