@@ -1,6 +1,7 @@
-// The GatedDeltaNet custom op: attribute, type and shape validation, and dispatch to the CPU kernel
-// (a CUDA kernel plugs in through GatedDeltaNetCuda, gated_delta_net.h). One op class per activation
-// type T; ONNX Runtime merges them into one schema with the union of their type constraints.
+// The GatedDeltaNet custom op: attribute, type and shape validation, and dispatch to the CPU kernel or
+// the CUDA kernel (GatedDeltaNetCuda, gated_delta_net.h). One op class per activation type T, gate
+// parameter type and EP; ONNX Runtime merges them into one schema with the union of their type
+// constraints.
 //
 // Every check runs on every call, and the ones that need only the attributes and the constant inputs
 // (the weights) also at session creation, so that a bad model fails to load. No size the kernel uses
@@ -10,6 +11,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -223,7 +225,7 @@ GdnType StateType(ONNXTensorElementDataType t, GdnType type) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// The kernel. kCuda selects the EP; only the CPU one is registered until GatedDeltaNetCuda exists.
+// The kernel. kCuda selects the EP (the CUDA classes are registered in CUDA builds only).
 
 template <bool kCuda>
 struct GatedDeltaNetKernel {
@@ -249,6 +251,15 @@ struct GatedDeltaNetKernel {
       if (is_constant) constants[i] = Describe(v);
     }
     CheckInputs(where_, attrs_, type_, constants);
+#ifdef ORT_MTP_WITH_CUDA
+    // Head dims the CUDA kernel does not take: refused now, so the model fails to load on the CUDA EP.
+    if constexpr (kCuda) {
+      if (const char* why = GatedDeltaNetCudaUnsupported(attrs_.dk, attrs_.dv))
+        Fail(where_, std::string(why) + " (k_head_dim " + std::to_string(attrs_.dk) + ", v_head_dim " +
+                         std::to_string(attrs_.dv) + "); run this node on the CPU EP",
+             ORT_NOT_IMPLEMENTED);
+    }
+#endif
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
@@ -389,8 +400,7 @@ struct GatedDeltaNetOp
 
 }  // namespace
 
-// CPU only, also in a CUDA build: there is no CUDA kernel yet (a node that the CUDA EP's session
-// places on the CPU EP runs there, with copies, rather than failing).
+// The CPU classes always; the CUDA classes in a CUDA build (as MatMulNBits' and CopySlots').
 void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   constexpr GdnType f32 = GdnType::kFloat32, f16 = GdnType::kFloat16, bf16 = GdnType::kBFloat16;
   static GatedDeltaNetOp<f32, f32, false> cpu_f32;
@@ -403,6 +413,24 @@ void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   domain.Add(&cpu_f16_f16_gates);
   domain.Add(&cpu_bf16);
   domain.Add(&cpu_bf16_bf16_gates);
+#ifdef ORT_MTP_WITH_CUDA
+  // The CUDA kernel has not run on a GPU yet (only a host emulation of it): until the device checks
+  // (tests/gpu, group gated-delta-net) pass, it is registered only on request, so that the driver's
+  // default rewrite keeps ORT's own linear-attention ops on the CUDA EP.
+  const char* opt_in = std::getenv("ORT_MTP_GDN_CUDA");
+  if (with_cuda && opt_in != nullptr && std::string(opt_in) == "1") {
+    static GatedDeltaNetOp<f32, f32, true> cuda_f32;
+    static GatedDeltaNetOp<f16, f32, true> cuda_f16;
+    static GatedDeltaNetOp<f16, f16, true> cuda_f16_f16_gates;
+    static GatedDeltaNetOp<bf16, f32, true> cuda_bf16;
+    static GatedDeltaNetOp<bf16, bf16, true> cuda_bf16_bf16_gates;
+    domain.Add(&cuda_f32);
+    domain.Add(&cuda_f16);
+    domain.Add(&cuda_f16_f16_gates);
+    domain.Add(&cuda_bf16);
+    domain.Add(&cuda_bf16_bf16_gates);
+  }
+#endif
 }
 
 }  // namespace ort_mtp

@@ -1,5 +1,5 @@
-// GatedDeltaNet: the problem description shared by the op (validation), the CPU reference kernel and a
-// CUDA kernel to come. One node computes the whole linear-attention mixer of a Qwen3.5 layer, from the
+// GatedDeltaNet: the problem description shared by the op (validation), the CPU reference kernel and the
+// CUDA kernel. One node computes the whole linear-attention mixer of a Qwen3.5 layer, from the
 // projections' outputs to out_proj's input, exactly what this com.microsoft subgraph computes
 // (models/graph.py, linear_attention):
 //
@@ -69,10 +69,16 @@ using GdnParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t
 void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
-// Not written yet: until it is, AddGatedDeltaNetOps registers the op for the CPU EP only, and the op
-// class's call of it is never instantiated. When it exists: launches on `stream` (the session's compute
-// stream) with no host synchronisation and returns nullptr on success, else what failed.
+// The CUDA kernel (gated_delta_net_cuda.cu): one block per (batch, v head) over the call's tokens, the
+// state on chip in float32, every sum in an order fixed by dk and dv (a width-S call bit-identical to S
+// width-1 calls). Launches on `stream` (the session's compute stream): the fused kernel, then a copy
+// kernel that writes present_conv (the conv state is read by several blocks, so it is written only once
+// they have all finished). No host synchronisation, no allocation; returns nullptr on success, else what
+// failed.
+constexpr int64_t kGdnCudaMaxHeadDim = 128;  // dk and dv: the state column and rows a block holds
 const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream);
+// nullptr when the CUDA kernel takes these head dims, else why not (checked at session creation).
+const char* GatedDeltaNetCudaUnsupported(int64_t k_head_dim, int64_t v_head_dim);
 #endif
 
 }  // namespace ort_mtp

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 import cases_copy_slots
 import cases_fuzz
+import cases_gated_delta_net
 import cases_matmul
 from cases_matmul import SMOKE_CASES, check_decode_consistency, check_graph, check_matmul, check_smoke
 from harness import Context
@@ -57,10 +58,16 @@ COPY_SLOTS = [
           cases_copy_slots.check_copy_slots),
 ]
 
+GATED_DELTA_NET = [
+    Group("gated-delta-net", "GatedDeltaNet: CUDA against our CPU op (27B-class layer, presets, random shapes, "
+          "fp16/bf16/fp32, windows), width S bit-identical to S width-1 calls, in place, CUDA graph",
+          cases_gated_delta_net.check_gated_delta_net, {"ORT_MTP_GDN_CUDA": "1"}),  # the kernel is opt-in
+]
+
 OP_FUZZ = [
     Group(f"op-fuzz-seed{seed}", f"tests/op_fuzz.py's {cases_fuzz.CASES} random cases of seed {seed} for both ops: "
           "exact or ONNX Runtime's error, never a crash", partial(cases_fuzz.check_op_fuzz, seed=seed))
     for seed in cases_fuzz.SEEDS
 ]
 
-GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + OP_FUZZ}
+GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + OP_FUZZ}

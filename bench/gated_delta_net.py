@@ -1,0 +1,170 @@
+"""ort_mtp::GatedDeltaNet against ONNX Runtime's own com.microsoft subgraph (ops.gated_delta_net.
+ort_subgraph_model: Transpose, CausalConvWithState, Split, LpNormalization, LinearAttentionGate,
+LinearAttention, GatedRMSNorm) on the CUDA EP, one 27B-class linear-attention layer (Hk=16, Hv=48,
+dk=dv=128, K=4, float16, state_window 4, batch 1), at widths S = 1..8.
+
+    python bench/gated_delta_net.py [--out DIR] [--reps 15] [--calls 50]
+    python bench/gated_delta_net.py --cpu-dry-run     # tiny shapes on the CPU EP: tests the script
+
+Each implementation runs as its own session on the driver's CUDA device (CuPy buffers, one stream
+shared with ORT), under ORT's CUDA graph (one graph id per width; without it, saying so, if capture is
+refused), with every input and output bound by IOBinding: ours with separate present buffers (as ORT's)
+and ours with the state bound in place (the driver's decode step). A measurement is the median over
+--reps samples of --calls back-to-back runs, each sample timed with CUDA events on the shared stream,
+a busy kernel queued ahead of it so the GPU starts only once the host has queued the sample's calls:
+the device's time per run. Before timing, each implementation's y for the same inputs is kept and
+the JSON gives ours against ORT's (max |difference| over max |ORT|; ORT's wide call keeps its state
+unrounded between tokens, so they differ by float16 roundings).
+
+Writes gated_delta_net.json to --out, else $OUT, else bench/results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import ops.gated_delta_net as gdn  # noqa: E402
+from driver.device import bind, describe, make_device, make_session  # noqa: E402
+from gpu_timing import busy_kernel, host_seconds_per_call  # noqa: E402
+from ops.gated_delta_net import GdnConfig  # noqa: E402
+
+WIDTHS = list(range(1, 9))
+IMPLS = ("ours", "ours, state in place", "ort")
+
+
+def config(dry: bool) -> GdnConfig:
+    if dry:  # ORT's CPU kernels take no state window
+        return GdnConfig(2, 4, 16, 16, dtype="float16", epsilon=1e-6)
+    return GdnConfig(16, 48, 128, 128, state_window=4, dtype="float16", epsilon=1e-6)
+
+
+def run_impl(device, impl: str, cfg: GdnConfig, w: gdn.GdnWeights, seed: int, reps: int, calls: int) -> dict:
+    xp, gpu = device.xp, device.name == "cuda"
+    model = gdn.ort_subgraph_model(cfg, w) if impl == "ort" else gdn.gated_delta_net_model(cfg, w)
+    in_place = impl == "ours, state in place"
+    result = {"widths": {}, "cuda_graph": gpu}
+    graph_error = None
+    for attempt in range(2):  # under ORT's CUDA graph; without it if capture is refused
+        try:
+            session = make_session(device, model, graph_capture=result["cuda_graph"])
+            result["widths"] = {}
+            for S in WIDTHS:
+                x = gdn.random_inputs(np.random.default_rng(seed + S), cfg, 1, S)
+                bufs = {name: xp.asarray(v.astype(np.float16)) for name, v in x.items()}
+                outs = {"y": xp.full((1, S, cfg.value_dim), np.nan, dtype=np.float16)}
+                if in_place:
+                    outs["present_conv"], outs["present_recurrent"] = bufs["past_conv"], bufs["past_recurrent"]
+                else:
+                    outs["present_conv"] = xp.empty_like(bufs["past_conv"])
+                    outs["present_recurrent"] = xp.empty_like(bufs["past_recurrent"])
+                binding = session.io_binding()
+                for name, buf in bufs.items():
+                    bind(binding, device, name, buf, buf.shape)
+                for name, buf in outs.items():
+                    bind(binding, device, name, buf, buf.shape, output=True)
+                options = device.run_options(S if result["cuda_graph"] else None)
+                session.run_with_iobinding(binding, options)  # the first run: y from the inputs as given
+                device.synchronize()
+                y = device.to_host(outs["y"]).astype(np.float64)
+                for _ in range(2):  # capture, replay
+                    session.run_with_iobinding(binding, options)
+                device.synchronize()
+
+                def call():
+                    session.run_with_iobinding(binding, options)
+
+                pace = host_seconds_per_call(device, call, calls)
+                cycles = int(2 * calls * pace * 2e9) if gpu else 0  # ~2x the host's queueing time at 2 GHz
+                before = None
+                if cycles:
+                    try:
+                        busy_kernel(device, 1000)  # compiled by NVRTC on first use
+                        before = lambda: busy_kernel(device, cycles)  # noqa: E731
+                    except Exception as e:  # noqa: BLE001  (timed without it, saying so)
+                        result["busy_kernel_error"] = f"{type(e).__name__}: {e}"[:300]
+                samples = device.time_per_call(call, calls, reps, before=before)
+                result["widths"][str(S)] = {"us": float(np.median(samples)) * 1e6,
+                                            "samples_us": [s * 1e6 for s in samples],
+                                            "host_us_per_call": pace * 1e6, "y": y}
+                del binding, bufs, outs
+            del session
+            break
+        except Exception as e:  # noqa: BLE001
+            if not result["cuda_graph"]:
+                raise
+            graph_error = f"{type(e).__name__}: {e}"[:500]
+            result["cuda_graph"] = False
+    if graph_error:
+        result["cuda_graph_error"] = graph_error
+    return result
+
+
+def out_dir(explicit: str | None) -> Path:
+    path = Path(explicit or os.environ.get("OUT") or ROOT / "bench" / "results")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out")
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    dry = args.cpu_dry_run
+    device = make_device("cpu" if dry else "cuda", graph_capture=False)
+    cfg = config(dry)
+    w = gdn.random_weights(np.random.default_rng(args.seed), cfg)
+    report = {"script": "bench/gated_delta_net.py", "argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "info": describe(device), "config": asdict(cfg), "batch": 1, "reps": args.reps, "calls": args.calls,
+              "impls": {}, "errors": []}
+    with device.active():
+        for impl in IMPLS:
+            try:
+                report["impls"][impl] = run_impl(device, impl, cfg, w, args.seed, args.reps, args.calls)
+            except Exception as e:  # noqa: BLE001  (one failing implementation must not lose the others)
+                report["errors"].append({"impl": impl, "error": f"{type(e).__name__}: {e}"[:1000],
+                                         "traceback": traceback.format_exc()[-3000:]})
+    table = {}
+    impls = report["impls"]
+    for S in map(str, WIDTHS):
+        row = {impl: impls[impl]["widths"][S]["us"] for impl in impls if S in impls[impl]["widths"]}
+        if "ours" in impls and "ort" in impls and S in impls["ours"]["widths"] and S in impls["ort"]["widths"]:
+            ours_y, ort_y = impls["ours"]["widths"][S]["y"], impls["ort"]["widths"][S]["y"]
+            row["ort_over_ours"] = row["ort"] / row["ours"]
+            row["y_max_diff_over_max_ort"] = float(np.abs(ours_y - ort_y).max() / max(np.abs(ort_y).max(), 1e-30))
+        table[S] = row
+    for impl in impls.values():
+        for entry in impl["widths"].values():
+            entry.pop("y", None)
+    report["table_us"] = table
+    path = out_dir(args.out) / "gated_delta_net.json"
+    path.write_text(json.dumps(report, indent=1))
+    names = [i for i in IMPLS if i in impls]
+    print("S  " + "  ".join(f"{n:>22s}" for n in names) + "   ORT/ours   y diff vs ORT")
+    for S, row in table.items():
+        print(f"{S:2s} " + "  ".join(f"{row.get(n, float('nan')):20.2f}us" for n in names)
+              + f"   {row.get('ort_over_ours', float('nan')):8.2f}   {row.get('y_max_diff_over_max_ort', float('nan')):.2e}")
+    for e in report["errors"]:
+        print(f"error in {e['impl']}: {e['error']}")
+    print(f"wrote {path}")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
