@@ -64,4 +64,14 @@ size_t TypeSize(ONNXTensorElementDataType type) {
   }
 }
 
+TensorDesc Describe(const Ort::ConstValue& v) {
+  TensorDesc d;
+  if (!v) return d;
+  auto info = v.GetTensorTypeAndShapeInfo();
+  d.present = true;
+  d.shape = info.GetShape();
+  d.type = info.GetElementType();
+  return d;
+}
+
 }  // namespace ort_mtp

@@ -32,6 +32,15 @@ int64_t ElementCount(const std::vector<int64_t>& shape);
 const char* TypeName(ONNXTensorElementDataType type);
 size_t TypeSize(ONNXTensorElementDataType type);
 
+// Presence, shape and element type of an input (absent: an optional input not given). The ops check
+// these against their attributes and each other, at session creation for initializers and per call.
+struct TensorDesc {
+  bool present = false;
+  std::vector<int64_t> shape;
+  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+};
+TensorDesc Describe(const Ort::ConstValue& v);
+
 // Runs f and converts any exception into an OrtStatus (nullptr on success).
 template <typename F>
 OrtStatusPtr Guard(const std::string& where, F&& f) noexcept {

@@ -133,21 +133,6 @@ Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where, GdnT
 // ---------------------------------------------------------------------------------------------------
 // Inputs: shapes and types, checked against the attributes and each other.
 
-struct TensorDesc {
-  bool present = false;
-  std::vector<int64_t> shape;
-  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-};
-
-TensorDesc Describe(const Ort::ConstValue& v) {
-  TensorDesc d;
-  if (!v) return d;
-  auto info = v.GetTensorTypeAndShapeInfo();
-  d.present = true;
-  d.shape = info.GetShape();
-  d.type = info.GetElementType();
-  return d;
-}
 
 using InputDescs = std::array<TensorDesc, kInputCount>;
 

@@ -98,22 +98,6 @@ Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
 
 // Shapes and types of the constant-shaped inputs (B, scales, zero_points, bias). Checked once at
 // session creation where they are initializers, and again on every call.
-struct TensorDesc {
-  bool present = false;
-  std::vector<int64_t> shape;
-  ONNXTensorElementDataType type = ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-};
-
-TensorDesc Describe(const Ort::ConstValue& v) {
-  TensorDesc d;
-  if (!v) return d;
-  auto info = v.GetTensorTypeAndShapeInfo();
-  d.present = true;
-  d.shape = info.GetShape();
-  d.type = info.GetElementType();
-  return d;
-}
-
 struct WeightInfo {
   TensorDesc b, scales, zp, bias;
 };
