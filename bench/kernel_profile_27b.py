@@ -31,6 +31,7 @@ FAMILIES = [
     ("int4 matmul (ours)", r"Gemv(Stream|Tiles|Generic)Kernel"),
     ("int4 matmul (ORT)", r"MatMulNBits|matmul_nbits|Dequantize|fpA_intB|gemv"),
     ("state copies (ours)", r"CopySlots"),
+    ("gated delta net (ours)", r"GdnKernel|ConvStateKernel"),
     ("linear attention", r"[Ll]inear[Aa]ttention|delta|Delta|gated_delta|chunk"),
     ("causal conv", r"[Cc]onv"),
     ("attention", r"[Aa]ttention|flash|Flash|fmha|mha|GQA|rotary|Rotary"),
@@ -85,6 +86,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--folder", default="/tmp/models_qwen35_27b")
     ap.add_argument("--new-tokens", type=int, default=48)
+    ap.add_argument("--rewrite", default="all",
+                    help="the driver's rewrites: all (default), or a comma list of ops.rewrite.REWRITES "
+                         "(matmul: ORT's own linear-attention nodes)")
+    ap.add_argument("--json", default="kernel_profile_27b.json", help="file name under $OUT")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -95,12 +100,13 @@ def main(argv=None) -> int:
     ensure_folder(folder)
     prompt = [int(t) for t in np.random.default_rng(7).integers(100, 20000, size=64)]
     runs = []
-    gen = Generator(folder, provider="cuda", mode="mtp", draft_tokens=3, cuda_graphs=False)
+    rewrite = True if args.rewrite == "all" else tuple(args.rewrite.split(","))
+    gen = Generator(folder, provider="cuda", mode="mtp", draft_tokens=3, cuda_graphs=False, rewrite=rewrite)
     for mode, k in (("greedy", 3), ("mtp", 3)):  # k is ignored in greedy mode (it must be 1..8)
         runs.append(profile(gen, prompt, args.new_tokens, mode, k))
     out_dir = Path(os.environ.get("OUT", ROOT / "bench" / "results"))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "kernel_profile_27b.json").write_text(json.dumps({"folder": str(folder), "runs": runs}, indent=1))
+    (out_dir / args.json).write_text(json.dumps({"folder": str(folder), "rewrite": args.rewrite, "runs": runs}, indent=1))
     for r in runs:
         print(f"\n{r['mode']} (k={r['draft_tokens']}), {r['new_tokens']} tokens: GPU kernels "
               f"{r['gpu_kernel_ms_per_token']:.2f} ms/token, eager wall {r['wall_ms_per_token_eager']:.2f} ms/token")
