@@ -104,15 +104,32 @@ def _elf_section_names(path: Path) -> set[str]:
     return {names[h[0]:names.index(b"\0", h[0])].decode() for h in headers}
 
 
+def _cuda_driver_device_count() -> int:
+    """Devices the CUDA driver library (libcuda.so.1) counts; 0 without the library or on any error."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        count = ctypes.c_int(0)
+        if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+            return 0
+    except OSError:
+        return 0
+    return count.value
+
+
 def visible_gpus() -> list[str]:
     """The NVIDIA GPUs of this machine, found without creating a CUDA context: one `nvidia-smi -L`
-    line each ("GPU 0: NAME (UUID: ...)"), or where nvidia-smi is not installed, one line per GPU the
-    NVIDIA kernel driver lists in /proc/driver/nvidia/gpus. [] means no GPU: no driver, or no device.
-    CUDA_VISIBLE_DEVICES is not applied (CUDA's own count, e.g. CuPy's, does)."""
+    line each ("GPU 0: NAME (UUID: ...)"); where nvidia-smi is not installed, one line per GPU the
+    NVIDIA kernel driver lists in /proc/driver/nvidia/gpus, or else (a container without either) one
+    per device the CUDA driver library counts (cuInit + cuDeviceGetCount, no context). [] means no GPU:
+    no driver, or no device. CUDA_VISIBLE_DEVICES applies only to that last count."""
     tool = shutil.which("nvidia-smi")
     if tool is None:
         driver_gpus = Path("/proc/driver/nvidia/gpus")
-        return [f"GPU at PCI {p.name}" for p in sorted(driver_gpus.iterdir())] if driver_gpus.is_dir() else []
+        if driver_gpus.is_dir():
+            return [f"GPU at PCI {p.name}" for p in sorted(driver_gpus.iterdir())]
+        return [f"GPU {i} (counted by libcuda)" for i in range(_cuda_driver_device_count())]
     try:
         listed = subprocess.run([tool, "-L"], capture_output=True, text=True, timeout=20).stdout
     except (OSError, subprocess.TimeoutExpired):

@@ -421,8 +421,11 @@ def _available(library: str, stamp: int, provider: str, signature: tuple, device
         if not visible_gpus():
             return (f"no GPU here to check that {os.path.basename(library)} runs ort_mtp::{GATED_DELTA_NET} "
                     "on the CUDA EP")
+        # The node must land on the CUDA EP itself: with fallback to the CPU EP disabled, a CUDA EP
+        # without the kernel fails the session. ORT refuses that option beside an explicitly listed
+        # CPU EP ("Conflicting session configuration"), so the CUDA EP is the only one listed.
         options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        providers = [("CUDAExecutionProvider", {"device_id": str(device_id)}), "CPUExecutionProvider"]
+        providers = [("CUDAExecutionProvider", {"device_id": str(device_id)})]
     else:
         providers = ["CPUExecutionProvider"]
     try:
@@ -430,10 +433,17 @@ def _available(library: str, stamp: int, provider: str, signature: tuple, device
     except Exception as e:
         text = _first_line(e)
         where = "the CUDA EP" if provider == "cuda" else "the CPU EP"
-        if re.search(r"not a registered function/op|Could not find an implementation|fallback", text, re.IGNORECASE):
+        if re.search(_NO_KERNEL, text, re.IGNORECASE):
             return f"{os.path.basename(library)} has no ort_mtp::{GATED_DELTA_NET} kernel for {where} ({sig.describe()})"
         return f"{os.path.basename(library)}'s ort_mtp::{GATED_DELTA_NET} cannot run on {where} ({sig.describe()}): {text}"
     return None
+
+
+# ORT's words for "no kernel of this op for these types on this EP": the op is unknown to every EP, no
+# EP implements it, or the CUDA EP left the node to the CPU EP while fallback to it is disabled. Any
+# other failure is reported with ORT's own text.
+_NO_KERNEL = (r"not a registered function/op|Could not find an implementation|"
+              r"assigned to the default CPU EP, but fallback to CPU EP has been explicitly disabled")
 
 
 def _first_line(error: Exception) -> str:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
@@ -458,6 +459,36 @@ def test_cli_with_the_installed_library(tiny_folder, tmp_path, capsys):
         assert "rewrote 0 of 6 linear-attention blocks" in captured.out
         assert captured.err.count("\n") == 1 and f"kept 6 linear-attention blocks" in captured.err
         assert missing in captured.err
+
+
+def test_cuda_probe_session_is_one_onnx_runtime_accepts(monkeypatch):
+    """The CUDA check's one-node session must be refused only for a missing kernel. ORT refuses
+    `session.disable_cpu_ep_fallback` beside an explicitly listed CPU EP ("Conflicting session
+    configuration"), which once made every CUDA check answer "no kernel" on a GPU that had it. Here
+    (no usable GPU: the CUDA EP cannot load or does not claim the node) the node lands on the CPU EP,
+    so the answer must be ORT's fallback refusal, classified as a missing CUDA kernel, and nothing else."""
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        pytest.skip("this ONNX Runtime build has no CUDA EP: the CUDA check stops before the probe session")
+    monkeypatch.setattr(ops.linear_attention, "visible_gpus", lambda: ["GPU 0 (pretended)"])
+    refusals = []
+
+    def session(*args, **kwargs):
+        try:
+            return real_session(*args, **kwargs)
+        except Exception as e:
+            refusals.append(str(e))
+            raise
+
+    real_session = ort.InferenceSession
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    t = onnx_ir.DataType
+    signature = ops.linear_attention.Signature(t.FLOAT16, t.FLOAT16, t.FLOAT, t.FLOAT, True)
+    answer = ops.linear_attention._available.__wrapped__(
+        ops.library_path(), 0, "cuda", tuple(int(x) for x in signature), 0)
+    if answer is not None:  # None: a usable GPU after all, whose CUDA EP took the node
+        assert len(refusals) == 1 and "fallback to CPU EP has been explicitly disabled" in refusals[0], refusals
+        assert answer == ("libort_mtp_ops.so has no ort_mtp::GatedDeltaNet kernel for the CUDA EP "
+                          "(float16, state_window)")
 
 
 def test_cli_only_linear_attention_with_nothing_to_rewrite(tmp_path, capsys, op_present):

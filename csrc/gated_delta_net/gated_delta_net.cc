@@ -11,7 +11,6 @@
 
 #include <array>
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -399,11 +398,7 @@ void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   domain.Add(&cpu_bf16);
   domain.Add(&cpu_bf16_bf16_gates);
 #ifdef ORT_MTP_WITH_CUDA
-  // The CUDA kernel has not run on a GPU yet (only a host emulation of it): until the device checks
-  // (tests/gpu, group gated-delta-net) pass, it is registered only on request, so that the driver's
-  // default rewrite keeps ORT's own linear-attention ops on the CUDA EP.
-  const char* opt_in = std::getenv("ORT_MTP_GDN_CUDA");
-  if (with_cuda && opt_in != nullptr && std::string(opt_in) == "1") {
+  if (with_cuda) {
     static GatedDeltaNetOp<f32, f32, true> cuda_f32;
     static GatedDeltaNetOp<f16, f32, true> cuda_f16;
     static GatedDeltaNetOp<f16, f16, true> cuda_f16_f16_gates;

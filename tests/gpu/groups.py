@@ -61,7 +61,7 @@ COPY_SLOTS = [
 GATED_DELTA_NET = [
     Group("gated-delta-net", "GatedDeltaNet: CUDA against our CPU op (27B-class layer, presets, random shapes, "
           "fp16/bf16/fp32, windows), width S bit-identical to S width-1 calls, in place, CUDA graph",
-          cases_gated_delta_net.check_gated_delta_net, {"ORT_MTP_GDN_CUDA": "1"}),  # the kernel is opt-in
+          cases_gated_delta_net.check_gated_delta_net),
 ]
 
 OP_FUZZ = [
