@@ -132,6 +132,7 @@ def main(argv=None) -> int:
     w = gdn.random_weights(np.random.default_rng(args.seed), cfg)
     report = {"script": "bench/gated_delta_net.py", "argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "info": describe(device), "config": asdict(cfg), "batch": 1, "reps": args.reps, "calls": args.calls,
+              "columns_per_block": os.environ.get("ORT_MTP_GDN_COLS") or "the library's default",
               "impls": {}, "errors": []}
     with device.active():
         for impl in IMPLS:

@@ -31,7 +31,7 @@ FAMILIES = [
     ("int4 matmul (ours)", r"Gemv(Stream|Tiles|Generic)Kernel"),
     ("int4 matmul (ORT)", r"MatMulNBits|matmul_nbits|Dequantize|fpA_intB|gemv"),
     ("state copies (ours)", r"CopySlots"),
-    ("gated delta net (ours)", r"GdnKernel|ConvStateKernel"),
+    ("gated delta net (ours)", r"GdnKernel|ort_mtp::.*FinishKernel"),
     ("linear attention", r"[Ll]inear[Aa]ttention|delta|Delta|gated_delta|chunk"),
     ("causal conv", r"[Cc]onv"),
     ("attention", r"[Aa]ttention|flash|Flash|fmha|mha|GQA|rotary|Rotary"),

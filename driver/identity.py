@@ -70,7 +70,11 @@ def _rows(folder: ModelFolder, prompt: list[int], tokens: list[int], device, rew
         step_hidden.append(host(step.hidden[0, 0]).copy())
     n = wide.length
     kv = max(_max_diff(host(a[:, :, :n]), host(b[:, :, :n])) for a, b in zip(wide.kv, step.kv))
-    state = max((_max_diff(host(a), host(b)) for a, b in zip(wide.live_states(), step.live_states())), default=0.0)
+    # The state after the last token: with a state window, slot W-1 (the slots below it hold each
+    # verify token's state in the wide forward and zeros in a width-1 step, so they are not compared).
+    last = (lambda s: s[-1]) if folder.main.state_window else (lambda s: s)
+    state = max((_max_diff(host(last(a)), host(last(b))) for a, b in zip(wide.live_states(), step.live_states())),
+                default=0.0)
     return {
         "width": width,
         "logits_rows_equal": [bool(np.array_equal(wide_logits[j], step_logits[j])) for j in range(width)],

@@ -69,12 +69,12 @@ using GdnParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t
 void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
-// The CUDA kernel (gated_delta_net_cuda.cu): one block per (batch, v head) over the call's tokens, the
-// state on chip in float32, every sum in an order fixed by dk and dv (a width-S call bit-identical to S
-// width-1 calls). Launches on `stream` (the session's compute stream): the fused kernel, then a copy
-// kernel that writes present_conv (the conv state is read by several blocks, so it is written only once
-// they have all finished). No host synchronisation, no allocation; returns nullptr on success, else what
-// failed.
+// The CUDA kernel (gated_delta_net_cuda.cu): one block per (batch, v head, group of state columns) over
+// the call's tokens, the state on chip in float32, every sum in an order fixed by dk and dv (a width-S
+// call bit-identical to S width-1 calls). Launches on `stream` (the session's compute stream): the
+// recurrence, then a kernel that norms y's rows and writes present_conv (the conv state is read by
+// several blocks, so it is written only once they have all finished). No host synchronisation, no
+// allocation; returns nullptr on success, else what failed.
 constexpr int64_t kGdnCudaMaxHeadDim = 128;  // dk and dv: the state column and rows a block holds
 const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream);
 // nullptr when the CUDA kernel takes these head dims, else why not (checked at session creation).

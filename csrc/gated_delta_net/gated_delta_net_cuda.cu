@@ -1,21 +1,26 @@
-// CUDA kernel of GatedDeltaNet: the whole linear-attention mixer of one layer in one launch, plus a
-// small copy kernel for the conv state after it (two launches per layer and forward, no allocation, no
-// host synchronisation, capturable in a CUDA graph).
+// CUDA kernel of GatedDeltaNet: the whole linear-attention mixer of one layer in two launches (no
+// allocation, no host synchronisation, capturable in a CUDA graph): the recurrence, then a finishing
+// kernel that applies the gated RMSNorm to its output and writes the conv state.
 //
-// GdnKernel: one block per (batch, v head), looping over the call's tokens in order. Thread (cp, rg) of
-// warp w owns columns j0 = 2 (4 w + cp) and j0 + 1 of the head's dk x dv recurrent state, rows
+// GdnKernel: one block per (batch, v head, group of `cols` state columns), looping over the call's
+// tokens in order. A column j of the dk x dv state evolves on its own (r_j = S[:, j] . k, delta_j,
+// S[:, j] += k delta_j, o_j = S[:, j] . q), so the columns are split over blocks: the 27B-class layer
+// (Hv = 48, dv = 128) runs 48 x 4 blocks instead of 48, with more SMs reading the state. Thread (cp, rg)
+// of warp w owns columns j0 = c0 + 2 (4 w + cp) and j0 + 1 (c0: the block's first column), rows
 // i = 8 ii + rg (ii < kRows), in float32 registers for the whole call (lane = 8 cp + rg: a column's 8 row
-// groups are 8 lanes of one warp; 32 ceil(dv / 8) threads, 512 for dv = 128). Per chunk of up to kChunk
-// tokens the block first computes, in shared memory, what the recurrence reads (the causal conv + SiLU
-// of its q/k head's and v head's channels, the l2 norms and q scale, the gates), then runs the gated
-// delta rule token by token:
-//   S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q;  y = GatedRMSNorm(o) * silu(z)
-// Every sum has one order, fixed by dk and dv alone: a thread's rows in ascending ii over four
-// interleaved accumulators ((a0 + a1) + (a2 + a3)), then the 8 row groups by a shuffle butterfly
-// (xor 1, 2, 4); the l2 norms by a warp (lanes' strided partial sums, butterfly xor 16..1); the RMS over
-// dv by a butterfly over a warp's 4 column pairs (xor 8, 16) and the warps' partials in ascending order.
-// Every operation on the data path is an explicit round-to-nearest intrinsic (__fmaf_rn, __fmul_rn,
-// ...), so the compiler cannot contract or reassociate it differently in different code paths.
+// groups are 8 lanes of one warp; 32 cols / 8 threads). Per chunk of up to kChunk tokens the block first
+// computes, in shared memory, what the recurrence reads (the causal conv + SiLU of its q/k head's
+// channels and of its v columns, the l2 norms and q scale, the gates; every block of a head computes the
+// same q and k by the same code), then runs the gated delta rule token by token:
+//   S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q
+// and writes o, rounded to T (the subgraph's LinearAttention output), into y. FinishKernel then does
+// y = GatedRMSNorm(o) * silu(z) per (batch, token, v head) row, one warp per row, and writes present_conv.
+// Every sum has one order, fixed by dk and dv alone (not by the width, nor by `cols`): a thread's rows in
+// ascending ii over four interleaved accumulators ((a0 + a1) + (a2 + a3)), then the 8 row groups by a
+// shuffle butterfly (xor 1, 2, 4); the l2 norms by a warp (lanes' strided partial sums, butterfly xor
+// 16..1); the RMS over dv likewise. Every operation on the data path is an explicit round-to-nearest
+// intrinsic (__fmaf_rn, __fmul_rn, ...), so the compiler cannot contract or reassociate it differently
+// in different code paths.
 //
 // Rounding points are those of the CPU kernel (gated_delta_net_cpu.cc) and the com.microsoft subgraph:
 // conv output, normed k, normed q and scaled q, g, beta, o and y are rounded to T; the state is rounded
@@ -26,17 +31,22 @@
 // (which computes in double) by float32 rounding, which can flip a rounding to T by one unit.
 //
 // In place (present bound to past): each thread reads its own elements of the past recurrent slot into
-// registers before it writes anything, and writes exactly those elements of every slot it stores; the
-// zero slots (below W - S) are never the slot read. So no thread, and no block, reads what another
-// writes. The conv state is different: a q/k head's channels are read by all
-// Hv / Hk blocks of its v heads, so no block may overwrite them while another may still read them.
-// ConvStateKernel therefore writes present_conv after GdnKernel has finished (stream order), one thread
-// per (batch, channel), each reading its channel's past slot before writing it over.
+// registers before it writes anything, and writes exactly those elements of every slot it stores (the
+// zero slots below W - S included; they are never the slot read). So no thread, and no block, reads
+// what another writes. The conv state is different: a q/k head's channels are read by every block of
+// its v heads, so no block may overwrite them while another may still read them: FinishKernel writes
+// present_conv after GdnKernel has finished (stream order), one thread per (batch, channel), each
+// reading its channel's past slot before writing it over.
+//
+// ORT_MTP_GDN_COLS (8, 16, 32, 64 or 128; read once per process) sets the columns per block, a speed
+// knob only: a column's arithmetic is the same in any block.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "gated_delta_net/gated_delta_net.h"
 
@@ -66,6 +76,7 @@ struct GdnParams {
   void* present_recurrent;  // [slots, B, Hv, dk, dv]
   int64_t batch, seq;
   int hk, hv, dk, dv, kernel, slots;
+  int cols, col_blocks;  // state columns per block (a multiple of 8), blocks per (batch, v head)
   float scale, epsilon, l2norm_epsilon;
   int dt_bias_type, neg_exp_a_type;  // GdnType
   bool pair_access;  // dv even and the recurrent state buffers aligned for 2-element accesses
@@ -188,24 +199,25 @@ __device__ __forceinline__ float SumRowGroups(float v) {
 }
 
 // T: activations, weights, y; S: the recurrent state's type (T or float); kRows: state rows per
-// thread, 8 kRows >= dk. Thread layout: lane = 8 cp + rg, warp w; the thread owns columns j0 = 2 (4 w +
-// cp) and j0 + 1, rows i = 8 ii + rg (ii < kRows). p.pair_access: dv is even and the state buffers are
+// thread, 8 kRows >= dk. Thread layout: lane = 8 cp + rg, warp w; the thread owns columns j0 = c0 + 2 (4 w
+// + cp) and j0 + 1, rows i = 8 ii + rg (ii < kRows). p.pair_access: dv is even and the state buffers are
 // aligned for 2-element accesses.
 template <typename T, typename S, int kRows>
 __global__ void __launch_bounds__(kMaxThreads) GdnKernel(const GdnParams p) {
   __shared__ float sh_q[kChunk][kMaxHeadDim];
   __shared__ float sh_k[kChunk][kMaxHeadDim];
-  __shared__ float sh_v[kChunk][kMaxHeadDim];
+  __shared__ float sh_v[kChunk][kMaxHeadDim];  // the block's columns, from 0
   __shared__ float sh_g[kChunk];
   __shared__ float sh_beta[kChunk];
-  __shared__ float sh_rms[2][kMaxWarps];
 
   const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31, nwarps = nthreads >> 5;
-  const int rg = lane & 7, j0 = 2 * (warp * 4 + (lane >> 3));
+  const int64_t task = blockIdx.x / p.col_blocks;  // b * Hv + h
+  const int c0 = static_cast<int>(blockIdx.x % p.col_blocks) * p.cols;
   const int dk = p.dk, dv = p.dv;
-  const bool col0 = j0 < dv, col1 = j0 + 1 < dv;
+  const int cols = dv - c0 < p.cols ? dv - c0 : p.cols;  // this block's columns
+  const int rg = lane & 7, jl = 2 * (warp * 4 + (lane >> 3)), j0 = c0 + jl;
+  const bool col0 = jl < cols, col1 = jl + 1 < cols;
   const bool pair = p.pair_access && col1;
-  const int64_t task = blockIdx.x;  // b * Hv + h
   const int64_t b = task / p.hv;
   const int h = static_cast<int>(task % p.hv);
   const int hk = h / (p.hv / p.hk);  // repeat_interleave, as HF and ORT
@@ -227,25 +239,28 @@ __global__ void __launch_bounds__(kMaxThreads) GdnKernel(const GdnParams p) {
   }
   S* present = static_cast<S*>(p.present_recurrent) + task * head;
   // Slots before the call's first token hold zeros (never the slot read: that is slot slots - 1).
-  for (int64_t slot = 0; slot < p.slots - p.seq; ++slot)
-    for (int64_t e = tid; e < head; e += nthreads) present[slot * slot_stride + e] = FromF<S>(0.f);
+  for (int64_t slot = 0; slot < p.slots - p.seq; ++slot) {
+    const S zero = FromF<S>(0.f);
+#pragma unroll
+    for (int ii = 0; ii < kRows; ++ii) {
+      const int i = ii * 8 + rg;
+      if (col0 && i < dk) StorePair(present + slot * slot_stride + i * dv + j0, pair, col1, zero, zero);
+    }
+  }
 
-  const T* norm_weight = static_cast<const T*>(p.norm_weight);
-  const float norm_w0 = col0 ? ToF(norm_weight[j0]) : 0.f;
-  const float norm_w1 = col1 ? ToF(norm_weight[j0 + 1]) : 0.f;
   const float dt_bias = LoadAny(p.dt_bias, p.dt_bias_type, h);
   const float neg_exp_a = LoadAny(p.neg_exp_a, p.neg_exp_a_type, h);
-  const T* z = static_cast<const T*>(p.z);
   const T* a = static_cast<const T*>(p.a);
   const T* bg = static_cast<const T*>(p.b);
   T* y = static_cast<T*>(p.y);
-  const int channels = 2 * dk + dv;
+  const int channels = 2 * dk + cols;
 
   for (int64_t t0 = 0; t0 < p.seq; t0 += kChunk) {
     const int n = static_cast<int>(p.seq - t0 < kChunk ? p.seq - t0 : kChunk);
     __syncthreads();  // the previous chunk's recurrence has read its features
 
-    // Features of the chunk's tokens: conv + SiLU of the q head's, k head's and v head's channels.
+    // Features of the chunk's tokens: conv + SiLU of the q head's and k head's channels and of the
+    // block's v columns.
     for (int idx = tid; idx < n * channels; idx += nthreads) {
       const int tt = idx / channels, cl = idx % channels;
       int64_t c;
@@ -257,7 +272,7 @@ __global__ void __launch_bounds__(kMaxThreads) GdnKernel(const GdnParams p) {
         c = key_dim + hk * dk + (cl - dk);
         dst = &sh_k[tt][cl - dk];
       } else {
-        c = 2 * key_dim + static_cast<int64_t>(h) * dv + (cl - 2 * dk);
+        c = 2 * key_dim + static_cast<int64_t>(h) * dv + c0 + (cl - 2 * dk);
         dst = &sh_v[tt][cl - 2 * dk];
       }
       *dst = ConvSilu<T>(p, b, t0 + tt, c);
@@ -292,13 +307,10 @@ __global__ void __launch_bounds__(kMaxThreads) GdnKernel(const GdnParams p) {
     for (int tt = 0; tt < n; ++tt) {
       const int64_t t = t0 + tt;
       const int64_t row = b * p.seq + t;
-      const T* zrow = z + row * value_dim + static_cast<int64_t>(h) * dv;
-      const float z0 = col0 ? ToF(zrow[j0]) : 0.f;
-      const float z1 = col1 ? ToF(zrow[j0 + 1]) : 0.f;
       const float decay = expf(sh_g[tt]);
       const float beta = sh_beta[tt];
-      const float v0 = col0 ? sh_v[tt][j0] : 0.f;
-      const float v1 = col1 ? sh_v[tt][j0 + 1] : 0.f;
+      const float v0 = col0 ? sh_v[tt][jl] : 0.f;
+      const float v1 = col1 ? sh_v[tt][jl + 1] : 0.f;
       const float* kt = sh_k[tt];
       const float* qt = sh_q[tt];
 
@@ -333,26 +345,13 @@ __global__ void __launch_bounds__(kMaxThreads) GdnKernel(const GdnParams p) {
           o1a[ii & 3] = __fmaf_rn(q, st1[ii], o1a[ii & 3]);
         }
       }
-      float o0 = SumRowGroups(__fadd_rn(__fadd_rn(o0a[0], o0a[1]), __fadd_rn(o0a[2], o0a[3])));
-      float o1 = SumRowGroups(__fadd_rn(__fadd_rn(o1a[0], o1a[1]), __fadd_rn(o1a[2], o1a[3])));
-      o0 = col0 ? RoundTo<T>(o0) : 0.f;  // LinearAttention's output tensor
-      o1 = col1 ? RoundTo<T>(o1) : 0.f;
-
-      // GatedRMSNorm over the head: the sum of o^2 over the warp's 8 columns (xor 8, 16 over its 4
-      // column pairs), then over the warps in ascending order.
-      float ss = __fadd_rn(__fmul_rn(o0, o0), __fmul_rn(o1, o1));
-      ss = __fadd_rn(ss, __shfl_xor_sync(kFull, ss, 8));
-      ss = __fadd_rn(ss, __shfl_xor_sync(kFull, ss, 16));
-      if (lane == 0) sh_rms[t & 1][warp] = ss;
-      __syncthreads();  // also: sh_rms[t & 1] was last read at token t - 2, before token t - 1's barrier
-      float total = sh_rms[t & 1][0];
-      for (int w = 1; w < nwarps; ++w) total = __fadd_rn(total, sh_rms[t & 1][w]);
-      const float inv_rms =
-          __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, static_cast<float>(dv)), p.epsilon)));
+      const float o0 = SumRowGroups(__fadd_rn(__fadd_rn(o0a[0], o0a[1]), __fadd_rn(o0a[2], o0a[3])));
+      const float o1 = SumRowGroups(__fadd_rn(__fadd_rn(o1a[0], o1a[1]), __fadd_rn(o1a[2], o1a[3])));
+      // LinearAttention's output tensor, normed by FinishKernel.
       if (rg == 0) {
         T* yrow = y + row * value_dim + static_cast<int64_t>(h) * dv;
-        if (col0) yrow[j0] = FromF<T>(__fmul_rn(__fmul_rn(__fmul_rn(o0, inv_rms), norm_w0), Silu(z0)));
-        if (col1) yrow[j0 + 1] = FromF<T>(__fmul_rn(__fmul_rn(__fmul_rn(o1, inv_rms), norm_w1), Silu(z1)));
+        if (col0) yrow[j0] = FromF<T>(o0);
+        if (col1) yrow[j0 + 1] = FromF<T>(o1);
       }
 
       // The state as stored between calls: the next token starts from exactly that.
@@ -370,27 +369,54 @@ __global__ void __launch_bounds__(kMaxThreads) GdnKernel(const GdnParams p) {
   }
 }
 
-// present_conv slot s holds the last K - 1 inputs of each channel up to token S - slots + s, oldest
-// first; zeros where that token is before the call's first. One thread per (batch, channel). Slot
-// slots - 1 is the one that may alias the past slot read; it is written last, position by position in
-// ascending order, and position q reads past position S + q > q (or qkv), never one already written.
+constexpr int kFinishThreads = 256;
+constexpr int kNormRowsPerBlock = kFinishThreads / 32;  // one warp per (batch, token, v head) row
+
+// The first conv_blocks blocks: present_conv. Slot s holds the last K - 1 inputs of each channel up to
+// token S - slots + s, oldest first; zeros where that token is before the call's first. One thread per
+// (batch, channel). Slot slots - 1 is the one that may alias the past slot read; it is written last,
+// position by position in ascending order, and position q reads past position S + q > q (or qkv), never
+// one already written.
+// The other blocks: GatedRMSNorm(o, norm_weight, z) of y's rows in place: ss = sum of o^2 (each lane
+// over j = lane, lane + 32, ... ascending, then a butterfly xor 16..1), y = o / sqrt(ss / dv + eps) * w *
+// silu(z), each step rounded as in the CPU kernel, y rounded to T.
 template <typename T>
-__global__ void __launch_bounds__(256) ConvStateKernel(const GdnParams p) {
-  const int64_t C = 2LL * p.hk * p.dk + static_cast<int64_t>(p.hv) * p.dv;
-  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= p.batch * C) return;
-  const int64_t b = idx / C, c = idx % C;
-  const int L = p.kernel - 1;
-  const T* past = static_cast<const T*>(p.past_conv) + (b * C + c) * L;
-  const T* qkv = static_cast<const T*>(p.qkv) + b * p.seq * C + c;
-  for (int s = 0; s < p.slots; ++s) {
-    const int64_t t = p.seq - p.slots + s;  // the last token this slot has seen
-    T* out = static_cast<T*>(p.present_conv) + ((s * p.batch + b) * C + c) * L;
-    for (int q = 0; q < L; ++q) {
-      const int64_t pos = t - (L - 1) + q;  // token held at position q
-      out[q] = t < 0 ? FromF<T>(0.f) : pos >= 0 ? qkv[pos * C] : past[L + pos];
+__global__ void __launch_bounds__(kFinishThreads) FinishKernel(const GdnParams p, unsigned conv_blocks) {
+  if (blockIdx.x < conv_blocks) {
+    const int64_t C = 2LL * p.hk * p.dk + static_cast<int64_t>(p.hv) * p.dv;
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= p.batch * C) return;
+    const int64_t b = idx / C, c = idx % C;
+    const int L = p.kernel - 1;
+    const T* past = static_cast<const T*>(p.past_conv) + (b * C + c) * L;
+    const T* qkv = static_cast<const T*>(p.qkv) + b * p.seq * C + c;
+    for (int s = 0; s < p.slots; ++s) {
+      const int64_t t = p.seq - p.slots + s;  // the last token this slot has seen
+      T* out = static_cast<T*>(p.present_conv) + ((s * p.batch + b) * C + c) * L;
+      for (int q = 0; q < L; ++q) {
+        const int64_t pos = t - (L - 1) + q;  // token held at position q
+        out[q] = t < 0 ? FromF<T>(0.f) : pos >= 0 ? qkv[pos * C] : past[L + pos];
+      }
     }
+    return;
   }
+  const int64_t row = static_cast<int64_t>(blockIdx.x - conv_blocks) * kNormRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= p.batch * p.seq * p.hv) return;  // a whole warp leaves together
+  const int lane = threadIdx.x & 31, dv = p.dv;
+  const int64_t offset = row * dv;  // rows of [B, S, Hv] in order; each dv long
+  T* y = static_cast<T*>(p.y) + offset;
+  const T* z = static_cast<const T*>(p.z) + offset;
+  const T* norm_weight = static_cast<const T*>(p.norm_weight);
+  float ss = 0.f;
+  for (int j = lane; j < dv; j += 32) {
+    const float o = ToF(y[j]);
+    ss = __fmaf_rn(o, o, ss);
+  }
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(kFull, ss, m));
+  const float inv_rms = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dv)), p.epsilon)));
+  for (int j = lane; j < dv; j += 32)
+    y[j] = FromF<T>(__fmul_rn(__fmul_rn(__fmul_rn(ToF(y[j]), inv_rms), ToF(norm_weight[j])), Silu(ToF(z[j]))));
 }
 
 template <typename T, typename S>
@@ -408,21 +434,43 @@ void LaunchMain(const GdnParams& prm, unsigned blocks, unsigned threads, cudaStr
 
 template <typename T>
 const char* Launch(const GatedDeltaNetProblem& p, const GdnParams& prm, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(p.batch * p.num_v_heads);
-  const unsigned threads = static_cast<unsigned>(32 * ((p.v_head_dim + 7) / 8));
+  const unsigned blocks = static_cast<unsigned>(p.batch * p.num_v_heads * prm.col_blocks);
+  const unsigned threads = static_cast<unsigned>(32 * (prm.cols / 8));
   if (p.state_type == GdnType::kFloat32) {
     LaunchMain<T, float>(prm, blocks, threads, stream);
   } else {
     LaunchMain<T, T>(prm, blocks, threads, stream);
   }
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
-  if (p.conv_kernel > 1) {
-    const int64_t channels = p.batch * p.conv_dim();
-    const unsigned conv_blocks = static_cast<unsigned>((channels + 255) / 256);
-    ConvStateKernel<T><<<conv_blocks, 256, 0, stream>>>(prm);
-    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
-  }
+  const unsigned conv_blocks =
+      p.conv_kernel > 1 ? static_cast<unsigned>((p.batch * p.conv_dim() + kFinishThreads - 1) / kFinishThreads) : 0;
+  const unsigned norm_blocks =
+      static_cast<unsigned>((p.batch * p.seq * p.num_v_heads + kNormRowsPerBlock - 1) / kNormRowsPerBlock);
+  FinishKernel<T><<<conv_blocks + norm_blocks, kFinishThreads, 0, stream>>>(prm, conv_blocks);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
   return nullptr;
+}
+
+// Columns per block: ORT_MTP_GDN_COLS if set (8, 16, 32, 64 or 128), else 32 (measured fastest on an
+// H200 for the 27B-class layer: bench/results/README.md). nullptr error when valid.
+struct ColsChoice {
+  int cols = 32;
+  const char* error = nullptr;
+};
+ColsChoice ColumnsPerBlock() {
+  static const ColsChoice choice = [] {
+    ColsChoice c;
+    if (const char* v = std::getenv("ORT_MTP_GDN_COLS"); v && *v) {
+      const int n = std::atoi(v);
+      if ((n == 8 || n == 16 || n == 32 || n == 64 || n == 128) && std::strlen(v) <= 3) {
+        c.cols = n;
+      } else {
+        c.error = "environment variable ORT_MTP_GDN_COLS must be 8, 16, 32, 64 or 128";
+      }
+    }
+    return c;
+  }();
+  return choice;
 }
 
 }  // namespace
@@ -436,8 +484,16 @@ const char* GatedDeltaNetCudaUnsupported(int64_t k_head_dim, int64_t v_head_dim)
 const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream) {
   if (const char* error = GatedDeltaNetCudaUnsupported(p.k_head_dim, p.v_head_dim)) return error;
   if (p.batch <= 0 || p.seq <= 0) return nullptr;
-  if (p.batch * p.num_v_heads > 0x7FFFFFFFLL || (p.batch * p.conv_dim() + 255) / 256 > 0x7FFFFFFFLL)
-    return "batch x num_v_heads (or batch x conv_dim / 256) above 2^31 - 1 is not supported by the CUDA kernel";
+  const ColsChoice choice = ColumnsPerBlock();
+  if (choice.error) return choice.error;
+  const int64_t dv8 = (p.v_head_dim + 7) / 8 * 8;
+  const int cols = static_cast<int>(dv8 < choice.cols ? dv8 : choice.cols);
+  const int64_t col_blocks = (p.v_head_dim + cols - 1) / cols;
+  if (p.batch * p.num_v_heads * col_blocks > 0x7FFFFFFFLL ||
+      (p.batch * p.conv_dim() + kFinishThreads - 1) / kFinishThreads +
+              (p.batch * p.seq * p.num_v_heads + kNormRowsPerBlock - 1) / kNormRowsPerBlock >
+          0x7FFFFFFFLL)
+    return "batch x num_v_heads (or batch x conv_dim, or batch x S x num_v_heads) too large for the CUDA kernel's grid";
   if (p.slots < 1 || p.slots > 0x7FFFFFFFLL || p.conv_kernel < 1 || p.conv_kernel > 0x7FFFFFFFLL)
     return "internal error: bad slot count or conv kernel size";
   GdnParams prm{};
@@ -463,6 +519,8 @@ const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream) {
   prm.dv = static_cast<int>(p.v_head_dim);
   prm.kernel = static_cast<int>(p.conv_kernel);
   prm.slots = static_cast<int>(p.slots);
+  prm.cols = cols;
+  prm.col_blocks = static_cast<int>(col_blocks);
   prm.scale = p.scale;
   prm.epsilon = p.epsilon;
   prm.l2norm_epsilon = p.l2norm_epsilon;

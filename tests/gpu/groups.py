@@ -62,6 +62,10 @@ GATED_DELTA_NET = [
     Group("gated-delta-net", "GatedDeltaNet: CUDA against our CPU op (27B-class layer, presets, random shapes, "
           "fp16/bf16/fp32, windows), width S bit-identical to S width-1 calls, in place, CUDA graph",
           cases_gated_delta_net.check_gated_delta_net),
+    # The state columns per block are a speed knob only (a column's arithmetic is the same in any block):
+    # the other extremes of ORT_MTP_GDN_COLS pass the same checks.
+    *(Group(f"gated-delta-net-cols{cols}", f"GatedDeltaNet as gated-delta-net, {cols} state columns per block",
+            cases_gated_delta_net.check_gated_delta_net, {"ORT_MTP_GDN_COLS": str(cols)}) for cols in (8, 128)),
 ]
 
 OP_FUZZ = [
