@@ -5,7 +5,7 @@
 // GdnKernel: one block per (batch, v head, group of `cols` state columns), looping over the call's
 // tokens in order. A column j of the dk x dv state evolves on its own (r_j = S[:, j] . k, delta_j,
 // S[:, j] += k delta_j, o_j = S[:, j] . q), so the columns are split over blocks: the 27B-class layer
-// (Hv = 48, dv = 128) runs 48 x 4 blocks instead of 48, with more SMs reading the state. Thread (cp, rg)
+// (Hv = 48, dv = 128) runs 48 x 2 blocks of 64 columns. Thread (cp, rg)
 // of warp w owns columns j0 = c0 + 2 (4 w + cp) and j0 + 1 (c0: the block's first column), rows
 // i = 8 ii + rg (ii < kRows), in float32 registers for the whole call (lane = 8 cp + rg: a column's 8 row
 // groups are 8 lanes of one warp; 32 cols / 8 threads). Per chunk of up to kChunk tokens the block first
@@ -451,10 +451,12 @@ const char* Launch(const GatedDeltaNetProblem& p, const GdnParams& prm, cudaStre
   return nullptr;
 }
 
-// Columns per block: ORT_MTP_GDN_COLS if set (8, 16, 32, 64 or 128), else 32 (measured fastest on an
-// H200 for the 27B-class layer: bench/results/README.md). nullptr error when valid.
+// Columns per block: ORT_MTP_GDN_COLS if set (8, 16, 32, 64 or 128), else 64: the fastest on an H200
+// for the 27B-class layer at every width 1..8 (bench/results/2026-12-02-gdn-cuda-default: 14.8 us at
+// S = 1 against 15.9 with 32 and 18.4 with 128; 8 and 16 are slower, each block recomputing the head's
+// q and k features with fewer threads). nullptr error when valid.
 struct ColsChoice {
-  int cols = 32;
+  int cols = 64;
   const char* error = nullptr;
 };
 ColsChoice ColumnsPerBlock() {
