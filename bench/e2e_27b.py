@@ -6,6 +6,7 @@ same configuration, and the per-op row identity of a width-4 verify on CUDA
 (`python -m driver identity`).
 
     python3 bench/e2e_27b.py [--folder /tmp/models_qwen35_27b] [--prompts 4] [--new-tokens 128]
+                             [--temperatures 0.7,1.0]
 
 Builds the folder first when it is missing (`qwen35-27b`, int4, CUDA, state_window 4; ~25 s on
 16 cores). Each (configuration, mode) runs every prompt twice and keeps the second (warm: CUDA
@@ -73,8 +74,34 @@ def tiles_folder(folder: Path) -> tuple[Path, dict]:
     return target, {"built": True, "seconds": round(time.perf_counter() - start, 1), "models": packed}
 
 
+def run_sampled(gen, prompts: list[list[int]], new_tokens: int, temperature: float, label: str) -> dict:
+    """Sampled decoding at `temperature` (no top-k / top-p): plain sampling (mode greedy) and MTP
+    speculative sampling k = 1..3, each prompt with its own fixed seed, warm-up pass then the measured
+    one. Rows as summarize's, without stream identity (sampled streams need not match: docs/driver.md)."""
+    rows = {}
+    for mode, k in MODES:
+        per_prompt = []
+        for p, ids in enumerate(prompts):
+            kwargs = {"mode": mode, "stop_at_eos": False, "temperature": temperature, "seed": 1000 + p}
+            if k:
+                kwargs["draft_tokens"] = k
+            gen.generate(ids, new_tokens, **kwargs)
+            stats = gen.generate(ids, new_tokens, **kwargs).stats.as_dict()
+            per_prompt.append({"tok_s": stats["tokens_per_second"], "acceptance": stats["acceptance"],
+                               "tokens_per_round": stats["tokens_per_round"]})
+        name = "sample" if not k else f"mtp_k{k}"
+        row = {"tok_s_median": statistics.median(e["tok_s"] for e in per_prompt), "prompts": per_prompt}
+        if k:
+            row["acceptance_mean"] = statistics.fmean(e["acceptance"] for e in per_prompt)
+            row["tokens_per_round_mean"] = statistics.fmean(e["tokens_per_round"] for e in per_prompt)
+        rows[name] = row
+        print(f"  {label:5s} T={temperature:<4} {name:8s} {row['tok_s_median']:8.1f} tok/s"
+              + (f"  acceptance {row['acceptance_mean']:.3f}" if k else ""), flush=True)
+    return rows
+
+
 def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[int]], new_tokens: int,
-                      label: str | None = None) -> dict:
+                      label: str | None = None, temperatures: tuple[float, ...] = ()) -> dict:
     from driver import Generator
 
     label = label or ("ours" if rewrite else "ort")
@@ -106,9 +133,13 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
         print(f"  {label:5s} {name:8s} {row['tok_s_median']:8.1f} tok/s"
               + (f"  acceptance {row['acceptance_mean']:.3f}  ==greedy {row['identical_to_greedy']}/{len(prompts)}"
                  if k else ""), flush=True)
+    sampled = {str(t): run_sampled(gen, prompts, new_tokens, t, label) for t in temperatures}
     del gen
-    return {"label": label, "rewrite": rewrite if isinstance(rewrite, bool) else list(rewrite),
-            "rewritten": gen_report, "load_seconds": round(load_seconds, 1), "modes": rows}
+    out = {"label": label, "rewrite": rewrite if isinstance(rewrite, bool) else list(rewrite),
+           "rewritten": gen_report, "load_seconds": round(load_seconds, 1), "modes": rows}
+    if sampled:
+        out["sampled"] = sampled
+    return out
 
 
 def rewrite_summary(gen, rewrite) -> dict:
@@ -183,6 +214,9 @@ def main() -> int:
                     help="any of ours, ours_mm (ours with only the MatMulNBits rewrite: ORT's own linear-attention "
                          "nodes), tiles (ours on the folder rewritten with --pack), ort, genai")
     ap.add_argument("--skip-identity", action="store_true", help="leave out the per-op identity check")
+    ap.add_argument("--temperatures", default="",
+                    help="comma list: also time sampled decoding (plain and MTP) at these temperatures, "
+                         "for the first configuration in --configurations' order (ours, ours_mm, tiles, ort)")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -194,6 +228,7 @@ def main() -> int:
     prompts = [rng.integers(0, min(vocab, 8000), args.prompt_length).tolist() for _ in range(args.prompts)]
     report["configurations"] = []
     wanted = args.configurations.split(",")
+    temps = tuple(float(t) for t in args.temperatures.split(",") if t)
     for label in ("ours", "ours_mm", "tiles", "ort"):
         if label not in wanted:
             continue
@@ -201,8 +236,9 @@ def main() -> int:
         if label == "tiles":
             where, report["tiles_folder"] = tiles_folder(folder)
         rewrite = {"ort": False, "ours_mm": ("matmul",)}.get(label, True)
+        temperatures = () if report["configurations"] else temps
         report["configurations"].append(
-            run_configuration(where, args.provider, rewrite, prompts, args.new_tokens, label))
+            run_configuration(where, args.provider, rewrite, prompts, args.new_tokens, label, temperatures))
         (out / "e2e_27b.json").write_text(json.dumps(report, indent=1))
     if "genai" in wanted:
         try:
@@ -223,6 +259,11 @@ def main() -> int:
         for name, row in conf["modes"].items():
             print(f"{conf['label']:13s}  {name:8s} {row['tok_s_median']:7.1f}  "
                   f"{row.get('acceptance_mean', float('nan')):10.3f}  {row.get('identical_to_greedy', '-')}")
+    for conf in report["configurations"]:
+        for temperature, modes in conf.get("sampled", {}).items():
+            for name, row in modes.items():
+                print(f"{conf['label'] + ' T=' + temperature:13s}  {name:8s} {row['tok_s_median']:7.1f}  "
+                      f"{row.get('acceptance_mean', float('nan')):10.3f}  -")
     for name, row in report.get("genai", {}).get("modes", {}).items():
         print(f"{'genai':13s}  {name:8s} {row['tok_s_median']:7.1f}  "
               f"{row.get('acceptance_mean', float('nan')):10.3f}  {row.get('identical_to_greedy', '-')}")
