@@ -122,7 +122,8 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
             result = gen.generate(ids, new_tokens, **kwargs)
             stats = result.stats.as_dict()
             entry = {"tok_s": stats["tokens_per_second"], "acceptance": stats["acceptance"],
-                     "tokens_per_round": stats["tokens_per_round"], "commits": stats["commits"]}
+                     "tokens_per_round": stats["tokens_per_round"], "commits": stats["commits"],
+                     "tokens": result.tokens}  # kept so that a stream difference can be looked at afterwards
             if mode == "greedy":
                 greedy_tokens.append(result.tokens)
             else:
