@@ -10,5 +10,6 @@ constexpr const char* kDomain = "ort_mtp";
 void AddMatMulNBitsOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddCopySlotsOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda);
+void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda);
 
 }  // namespace ort_mtp

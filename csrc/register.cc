@@ -21,6 +21,7 @@ Ort::CustomOpDomain* Domain() {
     ort_mtp::AddMatMulNBitsOps(*d, with_cuda);
     ort_mtp::AddCopySlotsOps(*d, with_cuda);
     ort_mtp::AddGatedDeltaNetOps(*d, with_cuda);
+    ort_mtp::AddGroupQueryAttentionOps(*d, with_cuda);
     return d;
   }();
   return domain;

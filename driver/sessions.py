@@ -6,13 +6,16 @@ width k+1 produce the same rows as k+1 width-1 decode steps. Every linear-attent
 replaced by one ort_mtp::GatedDeltaNet node (ops.linear_attention), which computes token by token,
 so that its rows and states do not depend on the width either; a block is replaced only where the
 library's GatedDeltaNet runs it on the session's device (a CPU kernel alone does not count for CUDA),
-and a block that does not fit the pattern is kept on ORT's ops (logged, with the reason). The
+and a block that does not fit the pattern is kept on ORT's ops (logged, with the reason). Every
+com.microsoft GroupQueryAttention node becomes ort_mtp::GroupQueryAttention (ops.attention), whose
+query rows do not depend on the width, where the library runs it on the device (CPU kernels only so
+far: CUDA sessions keep ORT's). The
 rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
 the model folder for the external weights, so a read-only folder works and no derived file is ever
 written; the rewrite itself reads no weight (the graph proto is loaded without external data).
 
 `rewrite`: True (every rewrite), False (ORT's own ops: `--no-rewrite`), or the names of the rewrites
-to run (ops.rewrite.REWRITES: "matmul", "linear-attention").
+to run (ops.rewrite.REWRITES: "matmul", "linear-attention", "attention").
 """
 
 from __future__ import annotations
@@ -98,10 +101,23 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
             unavailable.add(why)
         return why
 
-    report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent)
+    attention_available = ops.rewrite.attention_check(None, getattr(device, "name", "cpu"),
+                                                      getattr(device, "device_id", 0))
+
+    def attention(dtype):
+        why = attention_available(dtype)
+        if why:
+            unavailable.add(why)
+        return why
+
+    report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent,
+                                              attention=attention)
     for block, why in report.linear_attention.kept:
         level = logging.INFO if why in unavailable else logging.WARNING
         log.log(level, "%s: linear-attention block %s stays on ONNX Runtime's ops: %s", spec.path.name, block, why)
+    for node, why in report.attention.kept:
+        level = logging.INFO if why in unavailable else logging.WARNING
+        log.log(level, "%s: %s stays on ONNX Runtime's GroupQueryAttention: %s", spec.path.name, node, why)
     return proto, report
 
 

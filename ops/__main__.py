@@ -3,7 +3,7 @@
     python -m ops info [--json]
     python -m ops library-path
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
-                                 [--only matmul|linear-attention]
+                                 [--only matmul|linear-attention|attention]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
 onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 2.
@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import LibraryNotFoundError, cuda_kernels_built, library_path, visible_gpus
-from .rewrite import LINEAR_ATTENTION, MATMUL, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
+from .rewrite import ATTENTION, LINEAR_ATTENTION, MATMUL, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
 from .staging import OutputError
 from .usage import Parser, UsageError
 
@@ -162,6 +162,13 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
                 what = "linear-attention block" if len(nodes) == 1 else f"{len(nodes)} linear-attention blocks"
                 print(f"warning: {name}: kept {what} {shown} on com.microsoft ops: {why}",
                       file=sys.stderr)
+        nodes = model.attention
+        if ATTENTION in kinds and (nodes.total or kinds == (ATTENTION,)):
+            print(f"{name}: rewrote {len(nodes.rewritten)} of {nodes.total} GroupQueryAttention nodes "
+                  "into ort_mtp GroupQueryAttention")
+            for why, kept in _by_reason(nodes.kept):
+                shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
+                print(f"note: {name}: kept GroupQueryAttention {shown} as com.microsoft: {why}", file=sys.stderr)
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}

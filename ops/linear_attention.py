@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import re
 
 import numpy as np
 import onnx
@@ -39,7 +38,7 @@ import onnx_ir as ir
 from onnxscript.rewriter import RewriteRule
 from onnxscript.rewriter.pattern import Var
 
-from . import DOMAIN, visible_gpus
+from . import DOMAIN, probe
 from .patterns import (
     SOURCE_DOMAIN,
     PatternMismatch,
@@ -384,16 +383,13 @@ def _probe_model(signature: Signature) -> onnx.ModelProto:
                                                                   helper.make_opsetid(DOMAIN, 1)])
 
 
-PROVIDERS = ("cpu", "cuda")
-
-
 def available(library: str, provider: str = "cpu", signature: Signature | None = None,
               device_id: int = 0) -> str | None:
     """None when `library` registers ort_mtp::GatedDeltaNet for `provider` ("cpu" or "cuda") and
     the signature's types (default: float32, unwindowed), else why not, in one line. Creates a
     one-node session (a few ms; the answer is cached per library file). On CUDA the node must be
     placed on the CUDA EP itself: a CPU-only kernel would break CUDA graphs and copy every state."""
-    if provider not in PROVIDERS:
+    if provider not in probe.PROVIDERS:
         return f"ort_mtp::{GATED_DELTA_NET} has kernels for the CPU and CUDA EPs only, not {provider}"
     signature = signature or Signature(ir.DataType.FLOAT, ir.DataType.FLOAT, ir.DataType.FLOAT,
                                        ir.DataType.FLOAT, False)
@@ -406,46 +402,5 @@ def available(library: str, provider: str = "cpu", signature: Signature | None =
 
 @functools.lru_cache(maxsize=64)
 def _available(library: str, stamp: int, provider: str, signature: tuple, device_id: int) -> str | None:
-    import onnxruntime as ort
-
     sig = Signature(*(ir.DataType(x) for x in signature[:4]), bool(signature[4]))
-    options = ort.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        options.register_custom_ops_library(library)
-    except Exception as e:  # ORT's own Fail type: the loader refused the file
-        return f"{library} is not a usable custom-op library ({_first_line(e)})"
-    if provider == "cuda":
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            return "this ONNX Runtime has no CUDA execution provider to check GatedDeltaNet's CUDA kernel on"
-        if not visible_gpus():
-            return (f"no GPU here to check that {os.path.basename(library)} runs ort_mtp::{GATED_DELTA_NET} "
-                    "on the CUDA EP")
-        # The node must land on the CUDA EP itself: with fallback to the CPU EP disabled, a CUDA EP
-        # without the kernel fails the session. ORT refuses that option beside an explicitly listed
-        # CPU EP ("Conflicting session configuration"), so the CUDA EP is the only one listed.
-        options.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-        providers = [("CUDAExecutionProvider", {"device_id": str(device_id)})]
-    else:
-        providers = ["CPUExecutionProvider"]
-    try:
-        ort.InferenceSession(_probe_model(sig).SerializeToString(), options, providers=providers)
-    except Exception as e:
-        text = _first_line(e)
-        where = "the CUDA EP" if provider == "cuda" else "the CPU EP"
-        if re.search(_NO_KERNEL, text, re.IGNORECASE):
-            return f"{os.path.basename(library)} has no ort_mtp::{GATED_DELTA_NET} kernel for {where} ({sig.describe()})"
-        return f"{os.path.basename(library)}'s ort_mtp::{GATED_DELTA_NET} cannot run on {where} ({sig.describe()}): {text}"
-    return None
-
-
-# ORT's words for "no kernel of this op for these types on this EP": the op is unknown to every EP, no
-# EP implements it, or the CUDA EP left the node to the CPU EP while fallback to it is disabled. Any
-# other failure is reported with ORT's own text.
-_NO_KERNEL = (r"not a registered function/op|Could not find an implementation|"
-              r"assigned to the default CPU EP, but fallback to CPU EP has been explicitly disabled")
-
-
-def _first_line(error: Exception) -> str:
-    text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip())
-    return text.splitlines()[0] if text else type(error).__name__
+    return probe.refusal(library, provider, _probe_model(sig), GATED_DELTA_NET, sig.describe(), device_id)

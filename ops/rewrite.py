@@ -65,7 +65,8 @@ library is copied into the output folder and named relative to it."""
 
 MATMUL = "matmul"
 LINEAR_ATTENTION = "linear-attention"
-REWRITES = (MATMUL, LINEAR_ATTENTION)
+ATTENTION = "attention"
+REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION)
 """The rewrite kinds (`python -m ops rewrite --only NAME`, the driver's rewrite=...)."""
 
 
@@ -148,6 +149,7 @@ class ModelReport:
     packed: int = 0                                               # nodes put in the tiles layout (pack=True)
     not_packed: list[tuple[str, str]] = field(default_factory=list)  # (node name, why not), pack=True
     linear_attention: BlockReport = field(default_factory=BlockReport)
+    attention: BlockReport = field(default_factory=BlockReport)  # GroupQueryAttention nodes, by name
 
     @property
     def count(self) -> int:
@@ -156,8 +158,8 @@ class ModelReport:
 
     @property
     def changed(self) -> bool:
-        """Whether anything was rewritten (a MatMulNBits node or a linear-attention block)."""
-        return bool(self.rewritten or self.linear_attention.rewritten)
+        """Whether anything was rewritten (a MatMulNBits node, a linear-attention block, an attention node)."""
+        return bool(self.rewritten or self.linear_attention.rewritten or self.attention.rewritten)
 
 
 def rewrite_model(model: onnx.ModelProto, include=None, exclude=None, rewrites=None) -> int:
@@ -177,13 +179,14 @@ def _rewrite_kinds(rewrites) -> tuple[str, ...]:
 
 
 def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None, rewrites=None,
-                         gated_delta_net=None, base_dir=None) -> ModelReport:
+                         gated_delta_net=None, base_dir=None, attention=None) -> ModelReport:
     """Rewrites, in place, in the main graph, its subgraphs and the model's functions: the
     com.microsoft MatMulNBits nodes and the linear-attention blocks selected by node_filter (see
     NodeFilter; a block is selected by its LinearAttention node's name). `rewrites`: which kinds run
     (REWRITES, default all). `gated_delta_net(signature) -> None | reason`, if given, says whether
     the GatedDeltaNet op can run a block's types (ops.linear_attention.available); without it the
-    linear-attention rewrite is structural only. `base_dir`: the model's folder, where small
+    linear-attention rewrite is structural only; `attention(dtype) -> None | reason` likewise for
+    GroupQueryAttention nodes (ops.attention.available). `base_dir`: the model's folder, where small
     constants stored as external data are read from (no large initializer is read). Adds the
     ort_mtp opset import where it rewrote a node. The proto is not touched when nothing is
     rewritten; otherwise every node, initializer, external reference and value_info that is not
@@ -194,6 +197,8 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
     wanted = {(SOURCE_DOMAIN, MATMUL_NBITS)} if MATMUL in kinds else set()
     if LINEAR_ATTENTION in kinds:
         wanted.add((SOURCE_DOMAIN, "LinearAttention"))
+    if ATTENTION in kinds:
+        wanted.add((SOURCE_DOMAIN, "GroupQueryAttention"))
     if not any((n.domain, n.op_type) in wanted for _, nodes in _node_lists(model) for n in nodes):
         return report  # nothing to look at: no onnx-ir view of the model is built
 
@@ -211,6 +216,11 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
     if LINEAR_ATTENTION in kinds:
         outcome = patterns.apply(view, LinearAttentionRewrite(gated_delta_net), node_filter.selects)
         report.linear_attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+    if ATTENTION in kinds:
+        from .attention import AttentionRewrite
+
+        outcome = patterns.apply(view, AttentionRewrite(attention), node_filter.selects)
+        report.attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
     if report.changed:
         rewritten = ir.serde.serialize_model(view)
         _keep_value_info(model, rewritten)
@@ -386,6 +396,22 @@ def gated_delta_net_check(library: str | os.PathLike | None = None, provider: st
     return check
 
 
+def attention_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
+    """The `attention` argument of rewrite_model_report: a GroupQueryAttention node is rewritten only
+    where `library` (default: ops.library_path()) runs ort_mtp::GroupQueryAttention for its type on
+    `provider`."""
+    from . import attention
+
+    def check(dtype) -> str | None:
+        try:
+            path = str(library) if library else library_path()
+        except LibraryNotFoundError as e:
+            return f"no custom-op library to run ort_mtp::GroupQueryAttention ({e})"
+        return attention.available(path, provider, dtype, device_id)
+
+    return check
+
+
 def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False,
                  pack: bool = False, rewrites=None) -> FileReport:
     """Rewrites one .onnx file into `output` (a new file, or a new file inside an empty existing
@@ -410,7 +436,7 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
 
     node_filter = NodeFilter(include, exclude)
     report = FileReport(source, output, rewrite_model_report(
-        model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent))
+        model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent, attention=attention_check()))
     report.unmatched_patterns = node_filter.unmatched()
     if require_rewrite and not report.model.changed and not (pack and _has_our_nodes(model)):
         raise RewriteError(_nothing_rewritten(source, report.model, _rewrite_kinds(rewrites)))
@@ -566,7 +592,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
         provider, device_id = _section_provider(section, config)
         report.models[name] = rewrite_model_report(model, node_filter, kinds,
                                                    gated_delta_net_check(library, provider, device_id),
-                                                   base_dir=model_path.parent)
+                                                   base_dir=model_path.parent,
+                                                   attention=attention_check(library, provider, device_id))
         if report.models[name].changed or (pack and _has_our_nodes(model)):
             rewritten[name] = model  # with pack, a model already on our op is rewritten too
     report.unmatched_patterns = node_filter.unmatched()
@@ -577,6 +604,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
             merged.filtered_out += r.filtered_out
             merged.linear_attention.kept += r.linear_attention.kept
             merged.linear_attention.filtered_out += r.linear_attention.filtered_out
+            merged.attention.kept += r.attention.kept
+            merged.attention.filtered_out += r.attention.filtered_out
         raise RewriteError(_nothing_rewritten(source, merged, kinds))
 
     lib_src = Path(library) if library else Path(library_path())
@@ -650,6 +679,16 @@ def _has_our_nodes(model: onnx.ModelProto) -> bool:
 
 
 def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str:
+    if kinds == (ATTENTION,):
+        nodes = report.attention
+        if nodes.kept:
+            name, why = nodes.kept[0]
+            return (f"{source}: none of its {nodes.total} GroupQueryAttention nodes can be rewritten "
+                    f"({len(nodes.kept)} kept, e.g. {name!r}: {why})")
+        if nodes.total:
+            return f"{source}: the include/exclude patterns select none of its {nodes.total} GroupQueryAttention nodes"
+        return f"{source} has no com.microsoft GroupQueryAttention node"
+    kinds = tuple(k for k in kinds if k != ATTENTION)  # the messages below are about the other kinds
     blocks = report.linear_attention
     if MATMUL not in kinds and not blocks.total:
         return f"{source} has no linear-attention block (com.microsoft LinearAttention node)"

@@ -92,6 +92,17 @@ def builder_folders(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def builder_attention_first_folder(tmp_path_factory) -> Path:
+    """The builder's int4 CPU export of a checkpoint whose full-attention layer comes first (then three
+    linear-attention layers): attention's rows then feed the states a verify commits."""
+    from genai_builder import make_checkpoint, run_genai_builder
+
+    layers = ["full_attention", "linear_attention", "linear_attention", "linear_attention"]
+    checkpoint = make_checkpoint(tmp_path_factory.mktemp("hf-attention-first") / "hf", layer_types=layers)
+    return run_genai_builder(checkpoint, tmp_path_factory.mktemp("genai-attention-first") / "model")
+
+
+@pytest.fixture(scope="session")
 def builder_folder(builder_folders) -> Path:
     """The builder's int4 CPU export, as it wrote it (shared_initializers included: the builder shares
     the embedding and lm_head between model.onnx and mtp.onnx)."""

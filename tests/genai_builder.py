@@ -21,8 +21,9 @@ import pytest
 HIDDEN = 64
 
 
-def make_checkpoint(out: Path, seed: int = 0) -> Path:
-    """A tiny random Qwen3.5 checkpoint with an MTP layer and a BPE tokenizer trained on stdlib text."""
+def make_checkpoint(out: Path, seed: int = 0, layer_types: list[str] | None = None) -> Path:
+    """A tiny random Qwen3.5 checkpoint with an MTP layer and a BPE tokenizer trained on stdlib text.
+    layer_types: the 4 layers' kinds (default Qwen3.5's: three linear_attention, then full_attention)."""
     torch = pytest.importorskip("torch", reason="building a Hugging Face checkpoint needs torch")
     transformers = pytest.importorskip("transformers", reason="building a Hugging Face checkpoint needs transformers")
     import safetensors.torch
@@ -45,6 +46,8 @@ def make_checkpoint(out: Path, seed: int = 0) -> Path:
                 max_position_embeddings=256, mtp_num_hidden_layers=1, eos_token_id=0,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
                                  "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    if layer_types is not None:
+        text["layer_types"] = layer_types
     vision = {"depth": 1, "hidden_size": 32, "intermediate_size": 32, "num_heads": 2, "out_hidden_size": HIDDEN}
     config = transformers.Qwen3_5Config(text_config=text, vision_config=vision)
     config.architectures = ["Qwen3_5ForConditionalGeneration"]

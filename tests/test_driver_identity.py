@@ -1,6 +1,8 @@
-"""What makes MTP equal greedy on CPU, measured: every op but attention computes the rows of a
-verify forward bit-identically to width-1 decode steps, so a verify commits the decode steps' state
-up to attention's rounding (exactly, when no attention layer precedes a linear-attention layer)."""
+"""What makes MTP equal greedy on CPU, measured: with the driver's rewrite every op computes the rows
+of a verify forward bit-identically to width-1 decode steps, so a verify commits exactly the decode
+steps' state. ONNX Runtime's own GroupQueryAttention (the attention rewrite off) is the one op whose
+rows differ, and its rounding reaches the state where an attention layer precedes a linear-attention
+layer."""
 
 from __future__ import annotations
 
@@ -22,9 +24,20 @@ def folder(tiny_folder):
 
 
 @pytest.mark.parametrize("width", [2, 4])
-def test_verify_state_equals_decode_state_up_to_attention_rounding(folder, width):
+def test_verify_rows_and_state_equal_decode_steps(folder, width):
+    """The tiny preset has attention at layers 3 and 7, before linear-attention layers: with
+    ort_mtp::GroupQueryAttention every logits row, the KV and the state are the decode steps' bits."""
     result = identity.rows(folder, PROMPT, TOKENS[:width], threads=1)
-    # the tiny preset has attention at layers 3 and 7: layer 3's rounding reaches later layers' state
+    assert result["logits_rows_equal"] == [True] * width and result["hidden_rows_equal"] == [True] * width
+    assert result["kv_max_diff"] == 0.0 and result["state_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("width", [2, 4])
+def test_onnx_runtime_attention_reaches_the_state(folder, width):
+    """Without the attention rewrite, ORT's GroupQueryAttention rounds a verify's rows differently
+    (its GEMMs' accumulation depends on the width), and layer 3's rounding reaches the later layers'
+    state: the gap the op closes."""
+    result = identity.rows(folder, PROMPT, TOKENS[:width], threads=1, rewrite=("matmul", "linear-attention"))
     assert result["kv_max_diff"] < 1e-5 and result["state_max_diff"] < 1e-5
     assert result["argmax_equal"] == [True] * width
     assert max(result["logits_max_diff"]) < 1e-4
@@ -42,8 +55,14 @@ def test_verify_commits_the_decode_state_exactly_when_attention_is_last(builder_
     assert result["argmax_equal"] == [True] * width
 
 
-def test_only_attention_rows_differ_with_our_matmul(folder):
-    report = identity.per_op(folder, PROMPT, TOKENS[:4], threads=1)
+def test_no_op_rows_differ_with_the_rewrite(folder, builder_folder):
+    for f in (folder, read_folder(builder_folder)):
+        report = identity.per_op(f, PROMPT, TOKENS[:4], threads=1)
+        assert [entry["op"] for entry in report if entry["origin"]] == []
+
+
+def test_only_onnx_runtime_attention_rows_differ_without_the_attention_rewrite(folder):
+    report = identity.per_op(folder, PROMPT, TOKENS[:4], threads=1, rewrite=("matmul", "linear-attention"))
     origins = {entry["op"] for entry in report if entry["origin"]}
     assert "MatMulNBits" not in origins  # ort_mtp::MatMulNBits: row i of M rows == the M=1 call
     assert origins <= {"GroupQueryAttention"}, origins
@@ -91,3 +110,14 @@ def test_slot_promotion_copies_one_slot_in_place(parity):
         np.testing.assert_array_equal(live[:3], old[parity][:3])  # the rest untouched
         np.testing.assert_array_equal(other, old[1 - parity])  # the other buffer untouched
     assert promoter.copies == 1
+
+
+def test_attention_before_linear_attention_commits_the_decode_state(builder_attention_first_folder):
+    """The builder folder whose attention layer comes first: with ort_mtp::GroupQueryAttention a verify's
+    logits rows and committed state are the decode steps' bits; with ORT's node (the attention rewrite
+    off) its rounding reaches the linear-attention states after it."""
+    folder = read_folder(builder_attention_first_folder)
+    ours = identity.rows(folder, PROMPT, TOKENS[:4], threads=1)
+    assert ours["logits_rows_equal"] == [True] * 4 and ours["state_max_diff"] == 0.0 and ours["kv_max_diff"] == 0.0
+    theirs = identity.rows(folder, PROMPT, TOKENS[:4], threads=1, rewrite=("matmul", "linear-attention"))
+    assert theirs["state_max_diff"] > 0.0 and not all(theirs["logits_rows_equal"])

@@ -20,7 +20,7 @@ def greedy_streams(generator):
     return {p: generator.generate(p, NEW_TOKENS, mode="greedy", stop_at_eos=False).tokens for p in PROMPTS}
 
 
-@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("k", range(1, 9))
 def test_mtp_equals_greedy_over_prompts(generator, greedy_streams, k):
     assert len(PROMPTS) >= 20
     totals = {"full": 0, "replay": 0, "promote": 0, "accepted": 0, "drafted": 0}
@@ -107,3 +107,19 @@ def test_every_round_forward_gets_a_graph_id_per_width_and_parity(tiny_folder):
     assert {(i - 1) // 2 for i in main_runs if (i - 1) // 2 == 4} == {4}  # the verify width k+1
     assert all((i - 1) % 2 == 0 for i in head_runs)  # the head has no recurrent state: parity 0
     assert {(i - 1) % 2 for i in main_runs} == {0, 1}  # verifies alternate state buffers
+
+
+def test_mtp_equals_greedy_where_attention_comes_first(builder_attention_first_folder):
+    """A builder folder whose attention layer precedes its linear-attention layers: every verify row and
+    committed state must be the decode steps' bits (ort_mtp::GroupQueryAttention), or a rounding there
+    would reach the states. MTP prints greedy's stream on every sample prompt at k = 1..8."""
+    gen = Generator(builder_attention_first_folder, provider="cpu", mode="mtp", max_length=128, threads=1)
+    totals = {"full": 0, "replay": 0}
+    for prompt in PROMPTS:
+        greedy = gen.generate(prompt, 16, mode="greedy", stop_at_eos=False).tokens
+        for k in range(1, 9):
+            result = gen.generate(prompt, 16, draft_tokens=k, stop_at_eos=False)
+            assert result.tokens == greedy, f"k={k} diverged from greedy on {prompt!r}"
+            for key in totals:
+                totals[key] += result.stats.commits[key]
+    assert totals["full"] > 0 and totals["replay"] > 0

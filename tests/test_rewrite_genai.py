@@ -108,8 +108,9 @@ def test_without_the_library_key_genai_cannot_load_it(genai_qwen3, tmp_path):
 
 
 def test_qwen35_blocks_on_gated_delta_net_run_in_onnxruntime_genai(builder_loadable_copy, tmp_path):
-    """The builder's Qwen3.5 folder (Gated DeltaNet layers) rewritten with both rewrites: onnxruntime-genai
-    runs its linear-attention blocks as ort_mtp GatedDeltaNet nodes, with the logits of the original
+    """The builder's Qwen3.5 folder (Gated DeltaNet layers) rewritten with every rewrite: onnxruntime-genai
+    runs its linear-attention blocks as ort_mtp GatedDeltaNet nodes and its attention as ort_mtp
+    GroupQueryAttention (its own KV buffers, not shared on CPU), with the logits of the original
     folder run with exact arithmetic, within float32 rounding."""
     import ops
     import ops.linear_attention
@@ -124,6 +125,9 @@ def test_qwen35_blocks_on_gated_delta_net_run_in_onnxruntime_genai(builder_loada
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     assert sum(n.op_type == "GatedDeltaNet" and n.domain == "ort_mtp" for n in model.graph.node) == 3
     assert not any(n.op_type == "LinearAttention" for n in model.graph.node)
+    attention = report.models["model.onnx"].attention  # and its attention layer on ort_mtp GroupQueryAttention
+    assert len(attention.rewritten) == attention.total == 1
+    assert [n.domain for n in model.graph.node if n.op_type == "GroupQueryAttention"] == ["ort_mtp"]
     prompt, next_token = [1, 5, 7, 9, 11], 42
     want = _logits(_exact_arithmetic_copy(builder_loadable_copy, tmp_path / "exact"), prompt, next_token)
     got = _logits(out, prompt, next_token)

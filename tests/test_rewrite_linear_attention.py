@@ -27,6 +27,7 @@ from onnx import TensorProto, helper
 
 import ops
 import ops.linear_attention
+import ops.probe
 import ops.rewrite
 from ops.__main__ import main as cli_main
 from ops.rewrite import LINEAR_ATTENTION, MATMUL, rewrite_folder, rewrite_model_report
@@ -400,8 +401,8 @@ def test_include_exclude_and_only(tiny_folder):
     report = rewrite_model_report(model, rewrites=[MATMUL])
     assert report.linear_attention.total == 0 and report.count == 47
     assert sum(n.op_type == "LinearAttention" for n in model.graph.node) == 6
-    with pytest.raises(ops.rewrite.RewriteError, match="unknown rewrite 'attention'"):
-        rewrite_model_report(_load(tiny_folder), rewrites=["attention"])
+    with pytest.raises(ops.rewrite.RewriteError, match="unknown rewrite 'mlp'"):
+        rewrite_model_report(_load(tiny_folder), rewrites=["mlp"])
 
 
 def test_a_library_without_the_op_keeps_every_block(tiny_folder):
@@ -469,7 +470,7 @@ def test_cuda_probe_session_is_one_onnx_runtime_accepts(monkeypatch):
     so the answer must be ORT's fallback refusal, classified as a missing CUDA kernel, and nothing else."""
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         pytest.skip("this ONNX Runtime build has no CUDA EP: the CUDA check stops before the probe session")
-    monkeypatch.setattr(ops.linear_attention, "visible_gpus", lambda: ["GPU 0 (pretended)"])
+    monkeypatch.setattr(ops.probe, "visible_gpus", lambda: ["GPU 0 (pretended)"])
     refusals = []
 
     def session(*args, **kwargs):

@@ -1,5 +1,6 @@
 #include "common/validate.h"
 
+#include <cmath>
 #include <sstream>
 
 namespace ort_mtp {
@@ -72,6 +73,48 @@ TensorDesc Describe(const Ort::ConstValue& v) {
   d.shape = info.GetShape();
   d.type = info.GetElementType();
   return d;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Attributes
+
+bool HasAttribute(const Ort::ConstKernelInfo& info, const char* name) {
+  const OrtApi& api = Ort::GetApi();
+  auto ok = [](OrtStatus* raw) { return Ort::Status{raw}.IsOK(); };
+  int64_t i = 0;
+  float f = 0.f;
+  size_t size = 0;
+  return ok(api.KernelInfoGetAttribute_int64(info, name, &i)) || ok(api.KernelInfoGetAttribute_float(info, name, &f)) ||
+         ok(api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) ||
+         ok(api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) ||
+         ok(api.KernelInfoGetAttributeArray_float(info, name, nullptr, &size));
+}
+
+int64_t IntAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, int64_t lo, int64_t hi,
+                int64_t fallback) {
+  int64_t value = 0;
+  if (!Ort::Status{Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)}.IsOK()) {
+    if (HasAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be an int");
+    if (fallback == kRequired) Fail(where, std::string("missing required int attribute '") + name + "'");
+    return fallback;
+  }
+  if (value < lo || value > hi)
+    Fail(where, std::string("attribute ") + name + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                    "], got " + std::to_string(value));
+  return value;
+}
+
+float FloatAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, float fallback,
+                float lo) {
+  float value = 0.f;
+  if (!Ort::Status{Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value)}.IsOK()) {
+    if (HasAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be a float");
+    return fallback;
+  }
+  if (!std::isfinite(value) || value < lo)
+    Fail(where, std::string("attribute ") + name + " must be finite and >= " + std::to_string(lo) + ", got " +
+                    std::to_string(value));
+  return value;
 }
 
 }  // namespace ort_mtp

@@ -41,6 +41,18 @@ struct TensorDesc {
 };
 TensorDesc Describe(const Ort::ConstValue& v);
 
+// Attributes. A custom-op schema declares no attribute types, so ORT checks none: an attribute given
+// with the wrong type (scale=1 as an int) would read as absent and silently take its default, so
+// these readers refuse an attribute of the wrong type by name.
+bool HasAttribute(const Ort::ConstKernelInfo& info, const char* name);
+// The int attribute `name` in [lo, hi]; absent: `fallback`, or an error when fallback is `kRequired`.
+constexpr int64_t kRequired = INT64_MIN;
+int64_t IntAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, int64_t lo, int64_t hi,
+                int64_t fallback = kRequired);
+// The float attribute `name`, finite and >= `lo`; absent: `fallback`.
+float FloatAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, float fallback,
+                float lo);
+
 // Runs f and converts any exception into an OrtStatus (nullptr on success).
 template <typename F>
 OrtStatusPtr Guard(const std::string& where, F&& f) noexcept {

@@ -47,52 +47,6 @@ ONNXTensorElementDataType OnnxType(GdnType t) {
   return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Attributes. A custom-op schema declares no attribute types, so ORT checks none: an attribute given
-// with the wrong type (scale=1 as an int) would read as absent and silently take its default.
-
-bool HasAttribute(const Ort::ConstKernelInfo& info, const char* name) {
-  const OrtApi& api = Ort::GetApi();
-  auto ok = [](OrtStatus* raw) { return Ort::Status{raw}.IsOK(); };
-  int64_t i = 0;
-  float f = 0.f;
-  size_t size = 0;
-  return ok(api.KernelInfoGetAttribute_int64(info, name, &i)) || ok(api.KernelInfoGetAttribute_float(info, name, &f)) ||
-         ok(api.KernelInfoGetAttribute_string(info, name, nullptr, &size)) ||
-         ok(api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)) ||
-         ok(api.KernelInfoGetAttributeArray_float(info, name, nullptr, &size));
-}
-
-// The int attribute `name` in [lo, hi]; absent: `fallback`, or an error when fallback is `kRequired`.
-constexpr int64_t kRequired = INT64_MIN;
-int64_t IntAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, int64_t lo, int64_t hi,
-                int64_t fallback = kRequired) {
-  int64_t value = 0;
-  if (!Ort::Status{Ort::GetApi().KernelInfoGetAttribute_int64(info, name, &value)}.IsOK()) {
-    if (HasAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be an int");
-    if (fallback == kRequired) Fail(where, std::string("missing required int attribute '") + name + "'");
-    return fallback;
-  }
-  if (value < lo || value > hi)
-    Fail(where, std::string("attribute ") + name + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                    "], got " + std::to_string(value));
-  return value;
-}
-
-// The float attribute `name`, finite and >= `lo`; absent: `fallback`.
-float FloatAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, float fallback,
-                float lo) {
-  float value = 0.f;
-  if (!Ort::Status{Ort::GetApi().KernelInfoGetAttribute_float(info, name, &value)}.IsOK()) {
-    if (HasAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be a float");
-    return fallback;
-  }
-  if (!std::isfinite(value) || value < lo)
-    Fail(where, std::string("attribute ") + name + " must be finite and >= " + std::to_string(lo) + ", got " +
-                    std::to_string(value));
-  return value;
-}
-
 struct Attrs {
   int64_t hk = 0, hv = 0, dk = 0, dv = 0, window = 0;
   float scale = 0.f, epsilon = 0.f, l2norm_epsilon = 0.f;

@@ -12,28 +12,15 @@
 #include <cstring>
 #include <vector>
 
-#include "common/ort.h"
+#include "common/cpu_numeric.h"
 #include "gated_delta_net/gated_delta_net.h"
 
 namespace ort_mtp {
 namespace {
 
-double ToDouble(float v) { return v; }
-double ToDouble(Ort::Float16_t v) { return v.ToFloat(); }
-double ToDouble(Ort::BFloat16_t v) { return v.ToFloat(); }
-
-// v rounded to float32, then to T: the roundings of ORT's float kernels writing a T tensor.
-template <typename T>
-T Round(double v);
-template <>
-float Round<float>(double v) { return static_cast<float>(v); }
-template <>
-Ort::Float16_t Round<Ort::Float16_t>(double v) { return Ort::Float16_t(static_cast<float>(v)); }
-template <>
-Ort::BFloat16_t Round<Ort::BFloat16_t>(double v) { return Ort::BFloat16_t(static_cast<float>(v)); }
-
-template <typename T>
-double Rounded(double v) { return ToDouble(Round<T>(v)); }
+using cpu::Round;
+using cpu::Rounded;
+using cpu::ToDouble;
 
 // Element i of a small parameter vector whose type is known only at run time (dt_bias, neg_exp_A).
 double LoadAny(const void* p, GdnType type, int64_t i) {
@@ -220,26 +207,13 @@ class Kernel {
   Features f_;
 };
 
-// Runs member `fn` of `kernel` for i < n, through parallel_for when there is one.
-template <typename K, void (K::*fn)(int64_t)>
-void ForEach(K& kernel, int64_t n, GdnParallelFor parallel_for, void* context) {
-  if (n <= 0) return;
-  if (parallel_for == nullptr || n == 1) {
-    for (int64_t i = 0; i < n; ++i) (kernel.*fn)(i);
-    return;
-  }
-  parallel_for(
-      context, [](void* user, size_t i) { (static_cast<K*>(user)->*fn)(static_cast<int64_t>(i)); },
-      static_cast<size_t>(n), &kernel);
-}
-
 template <typename T>
 void Run(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* context) {
   Kernel<T> kernel(p);
-  ForEach<Kernel<T>, &Kernel<T>::TokenFeatures>(kernel, p.batch * p.seq, parallel_for, context);
+  cpu::ForEach<Kernel<T>, &Kernel<T>::TokenFeatures>(kernel, p.batch * p.seq, parallel_for, context);
   // Only once pass 1 has read every past conv state: present_conv may alias it.
   for (int64_t b = 0; b < p.batch; ++b) kernel.ConvStates(b);
-  ForEach<Kernel<T>, &Kernel<T>::Recurrence>(kernel, p.batch * p.num_v_heads, parallel_for, context);
+  cpu::ForEach<Kernel<T>, &Kernel<T>::Recurrence>(kernel, p.batch * p.num_v_heads, parallel_for, context);
 }
 
 }  // namespace

@@ -1,0 +1,267 @@
+// The GroupQueryAttention custom op: attribute, type and shape validation, and dispatch to the CPU kernel
+// (group_query_attention.h). Inputs, outputs and attributes are com.microsoft::GroupQueryAttention's
+// (ops/attention.py rewrites one into the other), for what the builder's graphs use: separate query, key
+// and value with rotary already applied, a past/present KV cache in BNSH, seqlens_k and
+// total_sequence_length. What this op does not compute (packed QKV, do_rotary, an attention bias, head
+// sinks, position ids, a quantized cache) it does not declare, so a node asking for it is refused at
+// load, never silently run without it.
+//
+// Every check runs on every call; seqlens_k's values are checked against the buffers before anything is
+// read or written, so no model or input can make the kernel read or write out of bounds; each failure
+// is an ORT error naming the node.
+#include "attention/group_query_attention.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common/validate.h"
+#include "ops.h"
+
+namespace ort_mtp {
+namespace {
+
+constexpr const char* kOpName = "GroupQueryAttention";
+
+enum Input { kQuery = 0, kKey, kValue, kPastKey, kPastValue, kSeqlensK, kTotalSeqLen, kInputCount };
+enum Output { kOut = 0, kPresentKey, kPresentValue, kOutputCount };
+constexpr const char* kInputNames[kInputCount] = {"query",      "key",       "value",                "past_key",
+                                                  "past_value", "seqlens_k", "total_sequence_length"};
+constexpr const char* kOutputNames[kOutputCount] = {"output", "present_key", "present_value"};
+
+// Bounds that keep every product of extents far from int64 overflow; far above any real model's.
+constexpr int64_t kMaxHeads = 1 << 14;
+constexpr int64_t kMaxLength = int64_t{1} << 31;
+
+ONNXTensorElementDataType OnnxType(GqaType t) {
+  switch (t) {
+    case GqaType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case GqaType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case GqaType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+  }
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
+struct Attrs {
+  int64_t num_heads = 0, kv_num_heads = 0, local_window = -1;
+  float scale = 0.f, softcap = 0.f;
+  bool smooth_softmax = false;
+};
+
+Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
+  Attrs a;
+  a.num_heads = IntAttr(info, where, "num_heads", 1, kMaxHeads);
+  a.kv_num_heads = IntAttr(info, where, "kv_num_heads", 1, kMaxHeads);
+  if (a.num_heads % a.kv_num_heads != 0)
+    Fail(where, "num_heads (" + std::to_string(a.num_heads) + ") must be a multiple of kv_num_heads (" +
+                    std::to_string(a.kv_num_heads) + ")");
+  a.scale = FloatAttr(info, where, "scale", 0.f, -INFINITY);  // 0: 1 / sqrt(head_size), as ORT
+  a.softcap = FloatAttr(info, where, "softcap", 0.f, 0.f);
+  a.local_window = IntAttr(info, where, "local_window_size", -1, kMaxLength, -1);
+  if (a.local_window == 0) Fail(where, "attribute local_window_size must be -1 (no window) or > 0, got 0");
+  a.smooth_softmax = IntAttr(info, where, "smooth_softmax", 0, 1, 0) == 1;
+  // Rotary inside the op is not computed here: the builder applies MRoPE before the node.
+  if (IntAttr(info, where, "do_rotary", 0, 1, 0) != 0)
+    Fail(where, "do_rotary=1 is not supported (apply rotary embeddings before the node)", ORT_NOT_IMPLEMENTED);
+  IntAttr(info, where, "rotary_interleaved", 0, 1, 0);  // meaningful only with do_rotary
+  return a;
+}
+
+using InputDescs = std::array<TensorDesc, kInputCount>;
+
+std::string InputLabel(int i) { return std::string("input ") + kInputNames[i]; }
+
+struct Dims {
+  int64_t B = 0, S = 0, H = 0, P = 0;
+};
+
+void CheckShape(const std::string& where, int i, const TensorDesc& d, const std::vector<int64_t>& expected,
+                const char* form) {
+  bool ok = d.shape.size() == expected.size();
+  for (size_t k = 0; ok && k < expected.size(); ++k) ok = expected[k] < 0 || d.shape[k] == expected[k];
+  if (!ok)
+    Fail(where, InputLabel(i) + " has shape " + ShapeToString(d.shape) + ", expected " + form + " = " +
+                    ShapeToString(expected) + " (-1: any)");
+}
+
+Dims CheckInputs(const std::string& where, const Attrs& at, GqaType type, const InputDescs& in) {
+  for (int i = 0; i < kInputCount; ++i) {
+    if (!in[i].present) Fail(where, InputLabel(i) + " is required");
+    const ONNXTensorElementDataType want =
+        i == kSeqlensK || i == kTotalSeqLen ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : OnnxType(type);
+    if (in[i].type != want)
+      Fail(where, InputLabel(i) + " is " + TypeName(in[i].type) + ", expected " + TypeName(want));
+  }
+  Dims d;
+  const TensorDesc& q = in[kQuery];
+  if (q.shape.size() != 3) Fail(where, "input query has shape " + ShapeToString(q.shape) + ", expected [B, S, num_heads * head_size]");
+  d.B = q.shape[0];
+  d.S = q.shape[1];
+  if (q.shape[2] % at.num_heads != 0 || q.shape[2] == 0)
+    Fail(where, "input query's last extent " + std::to_string(q.shape[2]) + " is not num_heads (" +
+                    std::to_string(at.num_heads) + ") x a head size");
+  d.H = q.shape[2] / at.num_heads;
+  if (d.S < 1) Fail(where, "input query has shape " + ShapeToString(q.shape) + ": a call needs at least 1 token");
+  CheckShape(where, kKey, in[kKey], {d.B, d.S, at.kv_num_heads * d.H}, "[B, S, kv_num_heads * head_size]");
+  CheckShape(where, kValue, in[kValue], {d.B, d.S, at.kv_num_heads * d.H}, "[B, S, kv_num_heads * head_size]");
+  CheckShape(where, kPastKey, in[kPastKey], {d.B, at.kv_num_heads, -1, d.H}, "[B, kv_num_heads, P, head_size]");
+  d.P = in[kPastKey].shape[2];
+  CheckShape(where, kPastValue, in[kPastValue], {d.B, at.kv_num_heads, d.P, d.H}, "past_key's shape");
+  CheckShape(where, kSeqlensK, in[kSeqlensK], {d.B}, "[B]");
+  if (ElementCount(in[kTotalSeqLen].shape) != 1)
+    Fail(where, "input total_sequence_length must hold one value, got shape " + ShapeToString(in[kTotalSeqLen].shape));
+  if (d.P > kMaxLength) Fail(where, "input past_key's length " + std::to_string(d.P) + " is too large");
+  return d;
+}
+
+struct GroupQueryAttentionKernel {
+  GroupQueryAttentionKernel(const OrtKernelInfo* raw_info, GqaType type) : type_(type) {
+    Ort::ConstKernelInfo info{raw_info};
+    where_ = NodeLabel(kOpName, info.GetNodeName());
+    attrs_ = ReadAttrs(info, where_);
+    if (info.GetInputCount() != kInputCount)
+      Fail(where_, "takes " + std::to_string(kInputCount) +
+                       " inputs (query, key, value, past_key, past_value, seqlens_k, total_sequence_length), got " +
+                       std::to_string(info.GetInputCount()));
+    if (info.GetOutputCount() != kOutputCount)
+      Fail(where_, "has " + std::to_string(kOutputCount) + " outputs (output, present_key, present_value), got " +
+                       std::to_string(info.GetOutputCount()));
+    for (int i = 0; i < kInputCount; ++i)
+      if (info.GetInputName(i).empty()) Fail(where_, InputLabel(i) + " is required");
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
+    return Guard(where_, [&] { Compute(raw_ctx); });
+  }
+
+  void CheckOutput(int i, const Ort::UnownedValue& out, const std::vector<int64_t>& shape) const {
+    auto info = out.GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != OnnxType(type_))
+      Fail(where_, std::string("output ") + kOutputNames[i] + " is declared " + TypeName(info.GetElementType()) +
+                       " but the op computes " + TypeName(OnnxType(type_)));
+    if (info.GetShape() != shape)
+      Fail(where_, std::string("output ") + kOutputNames[i] + " has shape " + ShapeToString(info.GetShape()) +
+                       ", expected " + ShapeToString(shape));
+  }
+
+  void Compute(OrtKernelContext* raw_ctx) {
+    Ort::KernelContext ctx{raw_ctx};
+    if (ctx.GetInputCount() != kInputCount || ctx.GetOutputCount() != kOutputCount)
+      Fail(where_, "expects " + std::to_string(kInputCount) + " inputs and " + std::to_string(kOutputCount) +
+                       " outputs");
+    std::array<Ort::ConstValue, kInputCount> values;
+    InputDescs in;
+    for (int i = 0; i < kInputCount; ++i) {
+      values[i] = ctx.GetInput(i);
+      in[i] = Describe(values[i]);
+    }
+    const Dims d = CheckInputs(where_, attrs_, type_, in);
+    const int64_t total = values[kTotalSeqLen].GetTensorData<int32_t>()[0];
+    if (total < 1) Fail(where_, "total_sequence_length must be >= 1, got " + std::to_string(total));
+    const int64_t present_len = std::max(total, d.P);  // ORT's present length
+
+    const std::vector<int64_t> out_shape = {d.B, d.S, attrs_.num_heads * d.H};
+    const std::vector<int64_t> kv_shape = {d.B, attrs_.kv_num_heads, present_len, d.H};
+    Ort::UnownedValue out = ctx.GetOutput(kOut, out_shape);
+    Ort::UnownedValue present_k = ctx.GetOutput(kPresentKey, kv_shape);
+    Ort::UnownedValue present_v = ctx.GetOutput(kPresentValue, kv_shape);
+    CheckOutput(kOut, out, out_shape);
+    CheckOutput(kPresentKey, present_k, kv_shape);
+    CheckOutput(kPresentValue, present_v, kv_shape);
+    if (d.B == 0) return;
+
+    GroupQueryAttentionProblem p;
+    p.batch = d.B;
+    p.seq = d.S;
+    p.num_heads = attrs_.num_heads;
+    p.kv_num_heads = attrs_.kv_num_heads;
+    p.head_size = d.H;
+    p.past_len = d.P;
+    p.present_len = present_len;
+    p.scale = attrs_.scale != 0.f ? attrs_.scale : 1.f / std::sqrt(static_cast<float>(d.H));
+    p.softcap = attrs_.softcap;
+    p.local_window = attrs_.local_window;
+    p.smooth_softmax = attrs_.smooth_softmax;
+    p.type = type_;
+    p.query = values[kQuery].GetTensorRawData();
+    p.key = values[kKey].GetTensorRawData();
+    p.value = values[kValue].GetTensorRawData();
+    p.past_key = values[kPastKey].GetTensorRawData();
+    p.past_value = values[kPastValue].GetTensorRawData();
+    p.seqlens_k = values[kSeqlensK].GetTensorData<int32_t>();
+    p.output = out.GetTensorMutableRawData();
+    p.present_key = present_k.GetTensorMutableRawData();
+    p.present_value = present_v.GetTensorMutableRawData();
+    const bool key_shared = p.present_key == p.past_key, value_shared = p.present_value == p.past_value;
+    if (key_shared != value_shared)
+      Fail(where_, "present_key shares past_key's buffer but present_value does not share past_value's (or the "
+                   "other way round): bind both or neither");
+    p.share_buffer = key_shared;
+    if (p.share_buffer && present_len != d.P)
+      Fail(where_, "present_key shares past_key's buffer, but total_sequence_length " + std::to_string(total) +
+                       " exceeds its length " + std::to_string(d.P));
+
+    // Where each batch row's new tokens go: positions past .. past + S - 1 of the cache, past =
+    // seqlens_k + 1 - S. Checked here, before anything is written.
+    for (int64_t b = 0; b < d.B; ++b) {
+      const int64_t seqlen = p.seqlens_k[b];
+      const int64_t past = seqlen + 1 - d.S;
+      if (seqlen < 0 || past < 0)
+        Fail(where_, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) + " but the call has " +
+                         std::to_string(d.S) + " tokens: seqlens_k + 1 (the total length) must be at least S "
+                         "(padded batch rows are not supported)");
+      if (past + d.S > present_len)
+        Fail(where_, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) +
+                         " puts the call's tokens past the end of the KV cache (length " +
+                         std::to_string(present_len) + ")");
+      if (!p.share_buffer && past > d.P)
+        Fail(where_, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) + " asks for " +
+                         std::to_string(past) + " past positions but past_key holds " + std::to_string(d.P));
+    }
+
+    GroupQueryAttentionCpu(
+        p,
+        [](void* c, void (*fn)(void*, size_t), size_t n, void* user) {
+          static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, n, 0, user);
+        },
+        &ctx);
+  }
+
+  std::string where_;
+  Attrs attrs_;
+  GqaType type_;
+};
+
+template <GqaType kType>
+struct GroupQueryAttentionOp : Ort::CustomOpBase<GroupQueryAttentionOp<kType>, GroupQueryAttentionKernel, true> {
+  OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
+    return Guard(kOpName, [&] { *kernel = new GroupQueryAttentionKernel(info, kType); });
+  }
+  const char* GetName() const { return kOpName; }
+  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+
+  size_t GetInputTypeCount() const { return kInputCount; }
+  ONNXTensorElementDataType GetInputType(size_t index) const {
+    return index == kSeqlensK || index == kTotalSeqLen ? ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32 : OnnxType(kType);
+  }
+  OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t) const { return INPUT_OUTPUT_REQUIRED; }
+  size_t GetOutputTypeCount() const { return kOutputCount; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return OnnxType(kType); }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t) const { return INPUT_OUTPUT_REQUIRED; }
+};
+
+}  // namespace
+
+// CPU kernels only, so far: on the CUDA EP the rewrite keeps ORT's GroupQueryAttention (ops/attention.py).
+void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool /*with_cuda*/) {
+  static GroupQueryAttentionOp<GqaType::kFloat32> cpu_f32;
+  static GroupQueryAttentionOp<GqaType::kFloat16> cpu_f16;
+  static GroupQueryAttentionOp<GqaType::kBFloat16> cpu_bf16;
+  domain.Add(&cpu_f32);
+  domain.Add(&cpu_f16);
+  domain.Add(&cpu_bf16);
+}
+
+}  // namespace ort_mtp
