@@ -101,8 +101,12 @@ def random_case(rng: np.random.Generator, cfg: GqaConfig, batch: int, seq: int, 
 
 
 def model(cfg: GqaConfig, domain: str = DOMAIN, node_name: str = "/model/layers.0/attn/GroupQueryAttention",
-          attributes: dict | None = None):
-    """A one-node model of the op (domain ort_mtp) or of ORT's (com.microsoft), every extent symbolic."""
+          attributes: dict | None = None, symbolic: bool = False, input_dtypes: dict | None = None,
+          output_dtypes: dict | None = None):
+    """A one-node model of the op (domain ort_mtp) or of ORT's (com.microsoft): batch, length and cache
+    extents symbolic, head extents fixed by cfg (symbolic=True: every extent symbolic, so that the op's
+    own checks are the ones that see a bad shape). input_dtypes / output_dtypes: {name: numpy dtype
+    name} overrides of declared element types."""
     from onnx import TensorProto, helper
 
     t = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}[cfg.dtype]
@@ -117,6 +121,15 @@ def model(cfg: GqaConfig, domain: str = DOMAIN, node_name: str = "/model/layers.
     outputs = [helper.make_tensor_value_info("output", t, ["B", "S", Nq * H]),
                helper.make_tensor_value_info("present_key", t, ["B", Nkv, "L", H]),
                helper.make_tensor_value_info("present_value", t, ["B", Nkv, "L", H])]
+    from onnx import helper as h
+
+    for vi in inputs + outputs:
+        override = {**(input_dtypes or {}), **(output_dtypes or {})}.get(vi.name)
+        if override is not None:
+            vi.type.tensor_type.elem_type = h.np_dtype_to_tensor_dtype(np.dtype(override))
+        if symbolic:
+            for i, dim in enumerate(vi.type.tensor_type.shape.dim):
+                dim.dim_param = f"{vi.name}_{i}"
     attrs = cfg.attributes() if attributes is None else attributes
     node = helper.make_node(OP, list(INPUTS), list(OUTPUTS), name=node_name, domain=domain, **attrs)
     graph = helper.make_graph([node], "group_query_attention", inputs, outputs)

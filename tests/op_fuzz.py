@@ -1,4 +1,4 @@
-"""Random cases for the library's ops (CopySlots, MatMulNBits, GatedDeltaNet), as a hostile model
+"""Random cases for the library's ops (CopySlots, MatMulNBits, GatedDeltaNet, GroupQueryAttention), as a hostile model
 file or a careless caller would build them: random shapes, element types, declared output types,
 attributes, bound buffers, and weights as initializers or as graph inputs.
 
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 
 import ops  # noqa: E402
 from ops import gated_delta_net as gdn  # noqa: E402
+from ops import group_query_attention as gqa  # noqa: E402
 from ops import nbits, packing  # noqa: E402
 from ops.copy_slots import Pair, copy_slots_model, elem_type, expected  # noqa: E402
 
@@ -494,6 +495,118 @@ def run_gated_delta_net(case: dict, provider: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# GroupQueryAttention
+
+GQA_MUTATIONS = ["heads_attr", "kv_heads_attr", "rotary_attr", "window_attr", "seqlens_low", "seqlens_high",
+                 "total_bad", "key_shape", "past_shape", "seqlens_shape", "input_dtype", "output_dtype",
+                 "drop_input", "drop_output"]
+
+
+def group_query_attention_case(rng) -> dict:
+    kv = int(rng.integers(1, 3))
+    case = {"op": "GroupQueryAttention", "num_heads": kv * int(rng.integers(1, 4)), "kv_num_heads": kv,
+            "head_size": int(rng.choice([8, 16, 32])), "dtype": str(rng.choice(["float32", "float16"])),
+            "batch": int(rng.integers(0, 3)), "seq": int(rng.integers(1, 7)), "past": int(rng.integers(0, 6)),
+            "spare": int(rng.integers(0, 4)), "window": int(rng.choice([-1, -1, 2, 5])),
+            "softcap": float(rng.choice([0.0, 0.0, 4.0])), "shared": bool(rng.random() < 0.4),
+            "mutations": sorted({str(m) for m in rng.choice(GQA_MUTATIONS, size=int(rng.choice([0, 0, 1, 1, 2])))}),
+            "choice": int(rng.integers(0, 1 << 30))}
+    if any(m.startswith("seqlens") for m in case["mutations"]):
+        case["batch"] = max(case["batch"], 1)  # bad values need a batch row to hold them
+    return case
+
+
+def run_group_query_attention(case: dict, provider: str) -> str:
+    rng = np.random.default_rng(case["choice"])
+    cfg = gqa.GqaConfig(case["num_heads"], case["kv_num_heads"], case["head_size"], local_window_size=case["window"],
+                        softcap=case["softcap"], dtype=case["dtype"])
+    buffer = case["past"] + case["seq"] + case["spare"]
+    feeds = gqa.random_case(rng, cfg, case["batch"], case["seq"], case["past"], buffer)
+    attrs, input_dtypes, output_dtypes = cfg.attributes(), {}, {}
+    inputs, outputs = list(gqa.INPUTS), list(gqa.OUTPUTS)
+    for m in case["mutations"]:
+        if m == "heads_attr":
+            attrs["num_heads"] = int(rng.choice([0, -3, 1 << 40, case["num_heads"] + 1]))
+        elif m == "kv_heads_attr":
+            attrs["kv_num_heads"] = int(rng.choice([0, case["num_heads"] + 1]))
+        elif m == "rotary_attr":
+            attrs["do_rotary"] = 1
+        elif m == "window_attr":
+            attrs["local_window_size"] = int(rng.choice([0, -2]))
+        elif m == "seqlens_low":  # a total below the call's tokens (a padded row), or negative
+            feeds["seqlens_k"] = np.full(case["batch"], int(rng.choice([-1, -(1 << 31), case["seq"] - 2])), np.int32)
+        elif m == "seqlens_high":  # tokens past the end of the cache
+            feeds["seqlens_k"] = np.full(case["batch"], int(rng.choice([buffer, (1 << 31) - 1])), np.int32)
+        elif m == "total_bad":
+            feeds["total_sequence_length"] = np.array(rng.choice([0, -7]), np.int32) if rng.random() < 0.5 \
+                else np.array([1, 2], np.int32)
+        elif m == "key_shape":
+            name = str(rng.choice(["key", "value", "query"]))
+            shape = list(feeds[name].shape)
+            shape[-1] += 1
+            feeds[name] = np.zeros(shape, feeds[name].dtype)
+        elif m == "past_shape":
+            name, axis = str(rng.choice(["past_key", "past_value"])), int(rng.choice([1, 3]))
+            shape = list(feeds[name].shape)
+            shape[axis] += 1
+            feeds[name] = np.zeros(shape, feeds[name].dtype)
+        elif m == "seqlens_shape":
+            feeds["seqlens_k"] = np.zeros(case["batch"] + 1, np.int32)
+        elif m == "input_dtype":
+            name = str(rng.choice(["query", "past_key", "seqlens_k"]))
+            input_dtypes[name] = "float64" if name != "seqlens_k" else "int64"
+            feeds[name] = feeds[name].astype(input_dtypes[name])
+        elif m == "output_dtype":
+            output_dtypes[str(rng.choice(outputs))] = str(rng.choice(["float64", "uint8"]))
+        elif m == "drop_input":
+            inputs = inputs[:int(rng.integers(1, len(inputs)))]
+        elif m == "drop_output":
+            outputs = outputs[:int(rng.integers(0, len(outputs)))]
+    shared = case["shared"] and not case["mutations"]
+
+    def go():
+        model = gqa.model(cfg, node_name=NODE, attributes=attrs, symbolic=True, input_dtypes=input_dtypes,
+                          output_dtypes=output_dtypes)
+        node = model.graph.node[0]
+        del node.input[len(inputs):]
+        del node.output[len(outputs):]
+        del model.graph.input[len(inputs):]
+        del model.graph.output[len(outputs):]
+        session = make_session(model, provider)
+        values = {k: v for k, v in feeds.items() if k in inputs}
+        if not shared:
+            return session.run(None, values)
+        # The driver's binding: present written into past's own buffers (on the host: CPU OrtValues).
+        arrays = {k: v.copy() for k, v in values.items()}  # kept alive: the OrtValues use their memory
+        bound = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in arrays.items()}
+        binding = session.io_binding()
+        for name, value in bound.items():
+            binding.bind_ortvalue_input(name, value)
+        binding.bind_output("output")
+        binding.bind_ortvalue_output("present_key", bound["past_key"])
+        binding.bind_ortvalue_output("present_value", bound["past_value"])
+        session.run_with_iobinding(binding)
+        return [binding.get_outputs()[0].numpy(), arrays["past_key"].copy(), arrays["past_value"].copy()]
+
+    outcome, result = attempt(go)
+    if case["mutations"]:
+        return expect_error(outcome, result)
+    if outcome != "ok":
+        raise CaseFailure(f"a valid case failed: {result}")
+    want = gqa.reference(cfg, **feeds, share_buffer=shared)
+    u = {"float32": U32, "float16": 2.0**-11}[cfg.dtype]
+    for name, ref, got in zip(gqa.OUTPUTS, want, result):
+        got = np.asarray(got, np.float64)
+        if got.shape != ref.shape:
+            raise CaseFailure(f"{name} has shape {got.shape}, expected {ref.shape}")
+        scale = float(np.abs(ref).max()) if ref.size else 0.0
+        tol = 0.0 if name != "output" else u * np.abs(ref) + 64 * U32 * scale + 1e-30  # the cache is a copy
+        if not np.all(np.abs(got - ref) <= tol):
+            raise CaseFailure(f"{name} differs from the reference: max error {np.max(np.abs(got - ref)):.3g}")
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------------------
 # Running cases
 
 def make_session(model, provider: str) -> ort.InferenceSession:
@@ -523,8 +636,9 @@ def expect_error(outcome: str, result) -> str:
     return "error"
 
 
-CASE_MAKERS = (copy_slots_case, matmul_case, gated_delta_net_case)  # case i is of op i % 3
-RUNNERS = {"CopySlots": run_copy_slots, "MatMulNBits": run_matmul, "GatedDeltaNet": run_gated_delta_net}
+CASE_MAKERS = (copy_slots_case, matmul_case, gated_delta_net_case, group_query_attention_case)  # case i: op i % 4
+RUNNERS = {"CopySlots": run_copy_slots, "MatMulNBits": run_matmul, "GatedDeltaNet": run_gated_delta_net,
+           "GroupQueryAttention": run_group_query_attention}
 
 
 def make_case(seed: int, index: int) -> dict:
