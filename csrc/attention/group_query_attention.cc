@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -116,6 +117,7 @@ Dims CheckInputs(const std::string& where, const Attrs& at, GqaType type, const 
   return d;
 }
 
+template <bool kCuda>
 struct GroupQueryAttentionKernel {
   GroupQueryAttentionKernel(const OrtKernelInfo* raw_info, GqaType type) : type_(type) {
     Ort::ConstKernelInfo info{raw_info};
@@ -158,7 +160,7 @@ struct GroupQueryAttentionKernel {
       in[i] = Describe(values[i]);
     }
     const Dims d = CheckInputs(where_, attrs_, type_, in);
-    const int64_t total = values[kTotalSeqLen].GetTensorData<int32_t>()[0];
+    const int64_t total = values[kTotalSeqLen].GetTensorData<int32_t>()[0];  // a CPU input on both EPs
     if (total < 1) Fail(where_, "total_sequence_length must be >= 1, got " + std::to_string(total));
     const int64_t present_len = std::max(total, d.P);  // ORT's present length
 
@@ -203,6 +205,13 @@ struct GroupQueryAttentionKernel {
       Fail(where_, "present_key shares past_key's buffer, but total_sequence_length " + std::to_string(total) +
                        " exceeds its length " + std::to_string(d.P));
 
+    if constexpr (kCuda) {
+#ifdef ORT_MTP_WITH_CUDA
+      // seqlens_k is on the device: the kernel checks each row's positions there (group_query_attention.h).
+      if (const char* error = GroupQueryAttentionCuda(p, ctx.GetGPUComputeStream())) Fail(where_, error, ORT_FAIL);
+#endif
+      return;
+    }
     // Where each batch row's new tokens go: positions past .. past + S - 1 of the cache, past =
     // seqlens_k + 1 - S. Checked here, before anything is written.
     for (int64_t b = 0; b < d.B; ++b) {
@@ -234,13 +243,19 @@ struct GroupQueryAttentionKernel {
   GqaType type_;
 };
 
-template <GqaType kType>
-struct GroupQueryAttentionOp : Ort::CustomOpBase<GroupQueryAttentionOp<kType>, GroupQueryAttentionKernel, true> {
+template <GqaType kType, bool kCuda>
+struct GroupQueryAttentionOp
+    : Ort::CustomOpBase<GroupQueryAttentionOp<kType, kCuda>, GroupQueryAttentionKernel<kCuda>, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    return Guard(kOpName, [&] { *kernel = new GroupQueryAttentionKernel(info, kType); });
+    return Guard(kOpName, [&] { *kernel = new GroupQueryAttentionKernel<kCuda>(info, kType); });
   }
   const char* GetName() const { return kOpName; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  const char* GetExecutionProviderType() const { return kCuda ? "CUDAExecutionProvider" : "CPUExecutionProvider"; }
+  // total_sequence_length sizes present, so the host reads it (ORT's own kernel takes it on the CPU too);
+  // everything else stays where the EP keeps it.
+  OrtMemType GetInputMemoryType(size_t index) const {
+    return index == kTotalSeqLen ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+  }
 
   size_t GetInputTypeCount() const { return kInputCount; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
@@ -254,14 +269,29 @@ struct GroupQueryAttentionOp : Ort::CustomOpBase<GroupQueryAttentionOp<kType>, G
 
 }  // namespace
 
-// CPU kernels only, so far: on the CUDA EP the rewrite keeps ORT's GroupQueryAttention (ops/attention.py).
-void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool /*with_cuda*/) {
-  static GroupQueryAttentionOp<GqaType::kFloat32> cpu_f32;
-  static GroupQueryAttentionOp<GqaType::kFloat16> cpu_f16;
-  static GroupQueryAttentionOp<GqaType::kBFloat16> cpu_bf16;
+// The CPU classes always. The CUDA classes in a CUDA build only when ORT_MTP_GQA_CUDA=1: the kernel has
+// not yet run its device checks (tests/gpu, group group-query-attention); until it has, CUDA models keep
+// ORT's node (the rewrite asks the library, ops/attention.py).
+void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
+  static GroupQueryAttentionOp<GqaType::kFloat32, false> cpu_f32;
+  static GroupQueryAttentionOp<GqaType::kFloat16, false> cpu_f16;
+  static GroupQueryAttentionOp<GqaType::kBFloat16, false> cpu_bf16;
   domain.Add(&cpu_f32);
   domain.Add(&cpu_f16);
   domain.Add(&cpu_bf16);
+#ifdef ORT_MTP_WITH_CUDA
+  const char* opt_in = std::getenv("ORT_MTP_GQA_CUDA");
+  if (with_cuda && opt_in != nullptr && std::string(opt_in) == "1") {
+    static GroupQueryAttentionOp<GqaType::kFloat32, true> cuda_f32;
+    static GroupQueryAttentionOp<GqaType::kFloat16, true> cuda_f16;
+    static GroupQueryAttentionOp<GqaType::kBFloat16, true> cuda_bf16;
+    domain.Add(&cuda_f32);
+    domain.Add(&cuda_f16);
+    domain.Add(&cuda_bf16);
+  }
+#else
+  (void)with_cuda;
+#endif
 }
 
 }  // namespace ort_mtp

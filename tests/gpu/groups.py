@@ -15,6 +15,7 @@ from typing import Callable, Iterable
 import cases_copy_slots
 import cases_fuzz
 import cases_gated_delta_net
+import cases_group_query_attention
 import cases_matmul
 from cases_matmul import SMOKE_CASES, check_decode_consistency, check_graph, check_matmul, check_smoke
 from harness import Context
@@ -68,10 +69,17 @@ GATED_DELTA_NET = [
             cases_gated_delta_net.check_gated_delta_net, {"ORT_MTP_GDN_COLS": str(cols)}) for cols in (8, 128)),
 ]
 
+# The CUDA kernel is registered only with ORT_MTP_GQA_CUDA=1 until this group has passed on a GPU.
+GROUP_QUERY_ATTENTION = [
+    Group("group-query-attention", "GroupQueryAttention: CUDA against our CPU op (27B-class layer, presets, "
+          "windows, softcap, random shapes, fp16/bf16/fp32), width S bit-identical to S width-1 calls, shared "
+          "buffer, bad seqlens_k", cases_group_query_attention.check_group_query_attention, {"ORT_MTP_GQA_CUDA": "1"}),
+]
+
 OP_FUZZ = [
     Group(f"op-fuzz-seed{seed}", f"tests/op_fuzz.py's {cases_fuzz.CASES} random cases of seed {seed} for both ops: "
           "exact or ONNX Runtime's error, never a crash", partial(cases_fuzz.check_op_fuzz, seed=seed))
     for seed in cases_fuzz.SEEDS
 ]
 
-GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + OP_FUZZ}
+GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + GROUP_QUERY_ATTENTION + OP_FUZZ}
