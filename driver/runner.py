@@ -27,6 +27,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .device import bind
+from .errors import DriverError
 from .folder import GraphSpec
 
 
@@ -68,7 +69,12 @@ class GraphRunner:
         positions = self._positions_buffer(width)
         positions[...] = self._iota[:width] + self.length  # broadcast over the 3 MRoPE rows
         graph_id = self._graph_id(width)
-        self.session.run_with_iobinding(self._binding(width, self.parity), self._options(graph_id))
+        try:
+            self.session.run_with_iobinding(self._binding(width, self.parity), self._options(graph_id))
+        except Exception as e:  # ORT's own error types: a model whose nodes refuse their inputs, say
+            text = str(e).replace("Error in execution: ", "").strip().splitlines()
+            raise DriverError(f"{self.spec.path}: ONNX Runtime failed running the model "
+                              f"({text[0] if text else type(e).__name__})") from None
         if graph_id is not None:
             self.graph_runs[graph_id] = self.graph_runs.get(graph_id, 0) + 1
 

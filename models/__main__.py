@@ -1,4 +1,4 @@
-"""Command line: python -m models {build,convert,acceptance,sweep,head-folder,tokenizer} ...
+"""Command line: python -m models {build,convert,acceptance,sweep,head-folder,train,tokenizer} ...
 
 Errors (bad preset, bad folder, bad option) print one line to stderr and exit with status 2.
 """
@@ -75,6 +75,20 @@ def _parser() -> Parser:
     h.add_argument("folder", help="model folder with an MTP head")
     h.add_argument("out", help="output folder for the head (new or empty, not inside FOLDER)")
 
+    r = sub.add_parser("train", help="train (or continue training) a small model with its MTP head on local Python source")
+    r.add_argument("--out", required=True, help="run folder: created, or continued from its last checkpoint")
+    r.add_argument("--shape", default="trained-small", help="trained-small (~13M parameters) or train-test")
+    r.add_argument("--minutes", type=float, default=10.0, help="stop after this long (default 10); call again to go on")
+    r.add_argument("--steps", type=int, default=None, help="stop after this many more steps")
+    r.add_argument("--total-steps", type=int, default=20_000, help="length of the schedule (fixed at the first call)")
+    r.add_argument("--batch", type=int, default=16, help="windows per step (fixed at the first call)")
+    r.add_argument("--seq-len", type=int, default=256, help="tokens per window (fixed at the first call)")
+    r.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    r.add_argument("--corpus-mb", type=float, default=None,
+                   help="use only the first files up to this many MB of source (fixed at the first call; default all)")
+    r.add_argument("--export", default=None, metavar="HF_DIR",
+                   help="then write the Hugging Face folder `python -m models convert` reads")
+
     t = sub.add_parser("tokenizer", help="retrain the base tokenizer on local text")
     t.add_argument("--out", required=True, help="tokenizer.json file to write")
     return parser
@@ -136,6 +150,27 @@ def _head_folder(args) -> dict:
     return {"out": str(write_head_folder(args.folder, args.out))}
 
 
+def _train(args) -> dict:
+    from .train.train import TrainError, TrainOptions, export_checkpoint, train
+
+    for name in ("minutes", "total_steps", "batch", "seq_len"):
+        if getattr(args, name) <= 0:
+            raise CliError(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.steps is not None and args.steps < 0:
+        raise CliError(f"--steps must be >= 0, got {args.steps}")
+    corpus_bytes = None if args.corpus_mb is None else int(args.corpus_mb * 1e6)
+    options = TrainOptions(shape=args.shape, total_steps=args.total_steps, batch=args.batch, seq_len=args.seq_len,
+                           corpus_bytes=corpus_bytes)
+    try:
+        result = train(args.out, options, minutes=args.minutes, steps=args.steps,
+                       log=lambda line: print(line, file=sys.stderr, flush=True), device=args.device)
+        if args.export:
+            result["export"] = str(export_checkpoint(args.out, args.export))
+    except TrainError as e:
+        raise CliError(str(e)) from None
+    return result
+
+
 def _tokenizer(args) -> dict:
     from .tokenizer import default_training_files, train_base_tokenizer
 
@@ -149,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         result = {"build": _build, "convert": _convert, "acceptance": _acceptance, "sweep": _sweep,
-                  "head-folder": _head_folder, "tokenizer": _tokenizer}[args.command](args)
+                  "head-folder": _head_folder, "train": _train, "tokenizer": _tokenizer}[args.command](args)
     except (UsageError, CliError, ConfigError, OutputError, FileNotFoundError, NotADirectoryError,
             PermissionError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -240,3 +240,21 @@ def test_ctrl_c_while_generating_exits_130_without_a_traceback(tiny_folder, caps
     monkeypatch.setattr(Generator, "generate", interrupted)
     assert main(generate(tiny_folder)) == 130
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_a_node_that_fails_at_run_time_is_a_one_line_error(tiny_folder, tmp_path, capsys):
+    """A model file whose node refuses its inputs only when it runs (MRotaryEmbedding's sections that do
+    not add up to its rotary dimension): ONNX Runtime's error, named with the file, no traceback."""
+    import onnx
+
+    broken = tmp_path / "model"
+    broken.mkdir()
+    for src in tiny_folder.iterdir():
+        if src.name != "model.onnx":
+            shutil.copy2(src, broken / src.name)
+    model = onnx.load(str(tiny_folder / "model.onnx"), load_external_data=False)
+    node = next(n for n in model.graph.node if n.op_type == "MRotaryEmbedding")
+    next(a for a in node.attribute if a.name == "mrope_section").ints[:] = [4, 4, 4]
+    onnx.save(model, str(broken / "model.onnx"))
+    one_line_error(capsys, generate(broken), "model.onnx: ONNX Runtime failed running the model",
+                   "MRotaryEmbedding")
