@@ -269,9 +269,10 @@ struct GroupQueryAttentionOp
 
 }  // namespace
 
-// The CPU classes always. The CUDA classes in a CUDA build only when ORT_MTP_GQA_CUDA=1: the kernel has
-// not yet run its device checks (tests/gpu, group group-query-attention); until it has, CUDA models keep
-// ORT's node (the rewrite asks the library, ops/attention.py).
+// The CPU classes always. The CUDA classes in a CUDA build only when ORT_MTP_GQA_CUDA=1: the kernel passed
+// its GPU group (tests/gpu, group-query-attention) but has not yet run under compute-sanitizer nor in the
+// driver's CUDA graphs; until it has, CUDA models keep ORT's node (the rewrite asks the library,
+// ops/attention.py).
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   static GroupQueryAttentionOp<GqaType::kFloat32, false> cpu_f32;
   static GroupQueryAttentionOp<GqaType::kFloat16, false> cpu_f16;

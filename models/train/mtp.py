@@ -42,7 +42,11 @@ class MtpHead(nn.Module):
         u = self.fc(torch.cat([self.pre_fc_norm_embedding(next_embeds), self.pre_fc_norm_hidden(hidden)], dim=-1))
         b, t = u.shape[:2]
         positions = torch.arange(t, device=u.device).view(1, 1, -1).expand(3, b, -1)
-        mask = create_causal_mask(config=self.config, inputs_embeds=u, attention_mask=None, cache=None,
-                                  position_ids=positions[0])
+        import inspect
+
+        # transformers renamed past_key_values to cache in 5.2x: pass whichever this version takes
+        cache_arg = "cache" if "cache" in inspect.signature(create_causal_mask).parameters else "past_key_values"
+        mask = create_causal_mask(config=self.config, inputs_embeds=u, attention_mask=None,
+                                  position_ids=positions[0], **{cache_arg: None})
         u = self.layers[0](u, position_embeddings=rotary(u, positions), attention_mask=mask, position_ids=positions[0])
         return self.norm(u)
