@@ -27,10 +27,11 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     gen = sub.add_parser("generate", help="generate text from a prompt")
-    gen.add_argument("--model", help="model folder (default: the tiny preset, built once into a cache folder)")
+    gen.add_argument("--model", help="model folder (default: the trained default model the package ships)")
     gen.add_argument("--prompt", required=True, help="prompt text")
     gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
-    gen.add_argument("--mode", choices=("greedy", "mtp"), default="mtp", help="decoding mode (default mtp)")
+    gen.add_argument("--mode", choices=("auto", "greedy", "mtp"), default="auto",
+                     help="decoding mode (default auto: " + AUTO_MODE_HELP + ")")
     gen.add_argument("--draft-tokens", type=int, default=3,
                      help=f"MTP drafts per round, 1..{MAX_DRAFT_TOKENS} (default 3)")
     gen.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider (default cpu)")
@@ -58,7 +59,7 @@ def build_parser() -> Parser:
                           "the same tokens (default: a fresh seed, printed in the stats)")
 
     ident = sub.add_parser("identity", help="measure verify rows against width-1 decode rows, per op")
-    ident.add_argument("--model", help="model folder (default: the tiny preset)")
+    ident.add_argument("--model", help="model folder (default: the trained default model)")
     ident.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider (default cpu)")
     ident.add_argument("--prompt", default=IDENTITY_PROMPT,
                        help=f"the prompt whose greedy continuation is verified (default {IDENTITY_PROMPT!r})")
@@ -70,6 +71,18 @@ def build_parser() -> Parser:
     ident.add_argument("--new-tokens", type=int, default=64, help="tokens per stream with --streams (default 64)")
     ident.add_argument("--json", action="store_true", help="print one JSON object (rows, origins, streams) instead")
     return parser
+
+
+# --mode auto: the mode measured faster on each provider. On the CPU, MTP has been slower than greedy on
+# every model measured (the trained default 160 vs 300 tok/s at k=3, bench/results/cpu/default_model.json;
+# the small preset, bench/results/cpu-gemv): there a head forward costs about what a main forward does.
+# On CUDA MTP k=3 runs 2x greedy on the 27B-class folder (README, "Measured so far").
+AUTO_MODE = {"cpu": "greedy", "cuda": "mtp"}
+AUTO_MODE_HELP = "mtp on cuda, greedy on cpu, the faster measured on each"
+
+
+def resolve_mode(mode: str, provider: str) -> str:
+    return AUTO_MODE.get(provider, "mtp") if mode == "auto" else mode
 
 
 def resolve_model(path: str | None) -> str:
@@ -89,7 +102,8 @@ def cmd_generate(args) -> int:
     prompt_ids = Text(folder.tokenizer).encode(args.prompt)
     # Buffers sized for this run: the prompt, the new tokens, and the widest verify beyond them.
     need = len(prompt_ids) + max(args.max_new_tokens, 1)
-    generator = Generator(folder, provider=args.provider, mode=args.mode, draft_tokens=args.draft_tokens,
+    mode = resolve_mode(args.mode, args.provider)
+    generator = Generator(folder, provider=args.provider, mode=mode, draft_tokens=args.draft_tokens,
                           max_length=max(2, min(folder.context_length, need)), prefill_chunk=args.prefill_chunk,
                           cuda_graphs=not args.no_cuda_graphs, commit=args.commit,
                           profile=True if args.profile else None, threads=args.threads)
@@ -97,7 +111,8 @@ def cmd_generate(args) -> int:
     if args.json:
         result = run_generation(generator, prompt_ids, args.max_new_tokens, sampling=sampling)
         out = result.as_dict()
-        out.update(model=str(folder.path), provider=args.provider, prompt=args.prompt)
+        out.update(model=str(folder.path), provider=args.provider, prompt=args.prompt, mode=mode,
+                   mode_chosen_by="auto" if args.mode == "auto" else "option")
         print(json.dumps(out))
         return 0
     sys.stdout.write(args.prompt)  # the continuation follows it, streamed as it is generated
@@ -105,7 +120,7 @@ def cmd_generate(args) -> int:
     result = run_generation(generator, prompt_ids, args.max_new_tokens, text=generator.text.stream(),
                             sampling=sampling)
     print()
-    print_stats(result.stats)
+    print_stats(result.stats, f"mode {mode} (--mode auto on {args.provider})" if args.mode == "auto" else None)
     return 0
 
 
@@ -126,9 +141,9 @@ def run_generation(generator: Generator, prompt_ids: list[int], max_new_tokens: 
                                   top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed)
 
 
-def print_stats(stats) -> None:
+def print_stats(stats, note: str | None = None) -> None:
     """The summary on stderr, so that stdout holds the prompt and its continuation alone."""
-    print(stats.line(), file=sys.stderr)
+    print(stats.line() + (f" | {note}" if note else ""), file=sys.stderr)
     if stats.phase_ms:
         per_round = stats.as_dict().get("phase_ms_per_round", {})
         print("ms per round: " + " ".join(f"{k}={v:.3f}" for k, v in per_round.items()), file=sys.stderr)

@@ -18,7 +18,7 @@ from ops.__main__ import main as ops_main
 CLIS = {  # program: (main, parser, its commands)
     "python -m ops": (ops_main, ops_parser, {"info", "library-path", "rewrite"}),
     "python -m models": (models_main, models_parser,
-                         {"build", "convert", "acceptance", "sweep", "head-folder", "tokenizer"}),
+                         {"build", "convert", "acceptance", "sweep", "head-folder", "train", "tokenizer"}),
     "python -m driver": (driver_main, driver_parser, {"generate", "identity"}),
 }
 

@@ -55,7 +55,7 @@ def assert_stats_line(line: str) -> None:
 
 def test_generate_prints_the_prompt_then_its_continuation_and_stats_on_stderr(tiny_folder, capsys):
     argv = ["generate", "--model", str(tiny_folder), "--prompt", "def main():", "--max-new-tokens", "12",
-            "--draft-tokens", "2"]
+            "--mode", "mtp", "--draft-tokens", "2"]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert main([*argv, "--json"]) == 0
@@ -64,25 +64,29 @@ def test_generate_prints_the_prompt_then_its_continuation_and_stats_on_stderr(ti
     assert_stats_line(err.rstrip("\n").splitlines()[-1])
 
 
-def test_without_model_the_tiny_preset_is_built_once(tmp_path, monkeypatch, capsys):
-    """The README's first command: no --model, a fresh cache."""
-    monkeypatch.setenv("ORT_MTP_CACHE", str(tmp_path / "cache"))
-    argv = ["generate", "--prompt", "Once upon a time", "--max-new-tokens", "8"]
+def test_without_model_the_shipped_trained_model_writes_python(capsys):
+    """The README's first command: no --model, the trained default model (models/data/trained), read in
+    place. Its continuation is printable Python: a newline, indentation, a keyword, no replacement
+    character (a random-weight model prints none of these reliably)."""
+    import keyword
+
+    from models.defaults import TRAINED_FOLDER
+
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in TRAINED_FOLDER.iterdir())
+    argv = ["generate", "--prompt", "def read_config(path):", "--max-new-tokens", "48"]
     assert main(argv) == 0
-    first = capsys.readouterr()
-    assert "building the default model" in first.err and str(tmp_path / "cache") in first.err
-    built = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]
-    assert len(built) == 1 and (built[0] / "genai_config.json").is_file()
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [built[0].name]  # no staging left behind
-    assert main(argv) == 0
-    second = capsys.readouterr()
-    assert "building" not in second.err
-    assert first.out.startswith("Once upon a time") and first.out == second.out  # same text; stats differ
+    out = capsys.readouterr().out
+    assert out.startswith("def read_config(path):")
+    text = out[len("def read_config(path):"):]
+    assert "\ufffd" not in text and all(c.isprintable() or c in "\n\t" for c in text)
+    assert "\n    " in text  # an indented line
+    assert any(word in keyword.kwlist for word in text.replace("(", " ").replace(":", " ").split())
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in TRAINED_FOLDER.iterdir()) == before  # never written
 
 
 def test_generate_json(tiny_folder, capsys):
     rc = main(["generate", "--model", str(tiny_folder), "--prompt", "import os", "--max-new-tokens", "10",
-               "--json", "--profile"])
+               "--mode", "mtp", "--json", "--profile"])
     out, _ = capsys.readouterr()
     assert rc == 0
     result = json.loads(out)
@@ -172,7 +176,7 @@ def test_cuda_names_everything_it_is_missing(tiny_folder, capsys, monkeypatch, c
 
 
 def test_broken_folders(folder_copy, capsys):
-    argv = ["generate", "--model", str(folder_copy), "--prompt", "x", "--max-new-tokens", "4"]
+    argv = ["generate", "--model", str(folder_copy), "--prompt", "x", "--max-new-tokens", "4", "--mode", "mtp"]
     config_path = folder_copy / "genai_config.json"
     config = json.loads(config_path.read_text())
 
@@ -207,8 +211,9 @@ def test_folder_without_mtp_head_runs_greedy_and_refuses_mtp(folder_copy, capsys
     (folder_copy / "mtp.onnx").unlink()
     base = ["generate", "--model", str(folder_copy), "--prompt", "x = 1", "--max-new-tokens", "4"]
     assert main(base + ["--mode", "greedy"]) == 0
+    assert main(base) == 0  # --mode auto: greedy on the CPU
     capsys.readouterr()
-    one_line_error(capsys, base, "has no MTP head", "--mode greedy")
+    one_line_error(capsys, base + ["--mode", "mtp"], "has no MTP head", "--mode greedy")
 
 
 def test_real_process_error_has_no_traceback(tmp_path):
@@ -270,7 +275,7 @@ def test_sampling_flags_are_reproducible_with_a_seed(tiny_folder, capsys):
     assert first["stats"]["sampling"] == {"temperature": 0.7, "top_k": 8, "top_p": 1.0, "seed": 5}
     assert runs[("greedy", "5")][0]["stats"]["sampling"]["seed"] == 5
     # text mode: the stats line on stderr names the knobs and the seed, also the one drawn for the run
-    assert main(base[:-1] + ["--top-p", "0.9"]) == 0
+    assert main(base[:-1] + ["--top-p", "0.9", "--mode", "mtp"]) == 0
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "sampling temperature=0.7 top_k=8 top_p=0.9 seed=" in line
     assert_stats_line(line)

@@ -48,7 +48,7 @@ def edit_config(folder: Path, change) -> None:
 
 
 def generate(folder: Path, *extra: str) -> list[str]:
-    return ["generate", "--model", str(folder), "--prompt", "x = 1", "--max-new-tokens", "2", *extra]
+    return ["generate", "--model", str(folder), "--prompt", "x = 1", "--max-new-tokens", "2", "--mode", "mtp", *extra]
 
 
 @pytest.fixture(scope="module")
