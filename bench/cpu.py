@@ -1,6 +1,9 @@
 """CPU MatMulNBits: ours (ort_mtp) against ONNX Runtime's com.microsoft::MatMulNBits, and the copy
 bandwidth measured in the same run; optionally greedy / MTP tok/s on the `small` preset.
 
+Both ops are timed at accuracy_level 4 (int8 activations: what the builder and models/graph.py emit
+for CPU int4; keys ours_*, ort_*) and at accuracy_level 0 (float32 activations; ours_l0_*, ort_l0_*).
+
     python bench/cpu.py [--reps 21] [--threads 2] [--e2e FOLDER] [--out bench/results/cpu-gemv]
 
 Each timed graph holds LAYERS independent MatMulNBits nodes of one shape, each with its own weights
@@ -38,13 +41,14 @@ SHAPES = [(1024, 1024), (4096, 1024), (1024, 4096)]  # (N, K): out x in
 MS = [1, 2, 4, 8]
 
 
-def layers_model(ws, domain: str) -> onnx.ModelProto:
+def layers_model(ws, domain: str, accuracy_level: int = 0) -> onnx.ModelProto:
     K, N = ws[0].K, ws[0].N
     nodes, inits, outs = [], [], []
     for i, w in enumerate(ws):
         inits += [nbits.tensor(f"B{i}", w.b), nbits.tensor(f"S{i}", w.scales, w.dtype)]
         nodes.append(helper.make_node("MatMulNBits", ["A", f"B{i}", f"S{i}"], [f"Y{i}"], name=f"mm{i}", domain=domain,
-                                      K=K, N=N, bits=w.bits, block_size=w.block_size))
+                                      K=K, N=N, bits=w.bits, block_size=w.block_size,
+                                      accuracy_level=accuracy_level))
         outs.append(helper.make_tensor_value_info(f"Y{i}", TensorProto.FLOAT, ["M", N]))
     graph = helper.make_graph(nodes, "layers", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["M", K])],
                               outs, initializer=inits)
@@ -85,8 +89,9 @@ def bench_matmul(args, copy_gbs: float) -> list[dict]:
         layers = max(4, min(32, (64 << 20) // (N * K // 2)))  # >= 64 MiB of int4 weights per graph
         ws = [nbits.random_weights(rng, K, N, bits=4, block_size=32, dtype="float32") for _ in range(layers)]
         weight_bytes = N * K // 2 + N * (K // 32) * 4
-        sessions = {name: session(layers_model(ws, dom), args.threads)
-                    for name, dom in (("ours", "ort_mtp"), ("ort", "com.microsoft"))}
+        sessions = {name: session(layers_model(ws, dom, level), args.threads)
+                    for name, dom, level in (("ours", "ort_mtp", 4), ("ort", "com.microsoft", 4),
+                                             ("ours_l0", "ort_mtp", 0), ("ort_l0", "com.microsoft", 0))}
         for M in MS:
             a = rng.standard_normal((M, K)).astype(np.float32)
             row = {"N": N, "K": K, "M": M, "layers": layers, "bytes_per_layer": weight_bytes + 4 * M * (K + N)}
@@ -96,8 +101,9 @@ def bench_matmul(args, copy_gbs: float) -> list[dict]:
                 row[f"{name}_gbs"] = row["bytes_per_layer"] / t / 1e9
                 row[f"{name}_pct_copy"] = 100 * row[f"{name}_gbs"] / copy_gbs
             rows.append(row)
-            print(f"N={N:5d} K={K:5d} M={M}: ours {row['ours_us']:8.1f} us ({row['ours_pct_copy']:5.1f}% copy)  "
-                  f"ORT {row['ort_us']:8.1f} us ({row['ort_pct_copy']:5.1f}%)", flush=True)
+            print(f"N={N:5d} K={K:5d} M={M}: level 4: ours {row['ours_us']:8.1f} us ({row['ours_pct_copy']:5.1f}% copy)  "
+                  f"ORT {row['ort_us']:8.1f} us ({row['ort_pct_copy']:5.1f}%); level 0: ours {row['ours_l0_us']:8.1f} us  "
+                  f"ORT {row['ort_l0_us']:8.1f} us", flush=True)
     return rows
 
 

@@ -215,3 +215,50 @@ def single_node_model(w: NBitsWeights, *, domain: str = "com.microsoft", a_shape
     )
     return helper.make_model(graph, ir_version=10,
                              opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+
+
+def int8_quantize(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 quantisation of A that MatMulNBits' accuracy_level 4 path (ours) applies, exactly:
+    per row and block of `block_size` k (A zero-padded to whole blocks), s = float32(max |a| / 127)
+    (a float32 division), qa = clamp(round-half-even(float32(a / s)), -127, 127), and qa = 0 where
+    s == 0. Returns (qa as float64 [M, kp], s as float64 [M, k_blocks]). A is float32 (values of the
+    activation type) with leading dims flattened."""
+    a32 = np.asarray(a, dtype=np.float32)
+    a32 = a32.reshape(-1, a32.shape[-1])
+    M, K = a32.shape
+    k_blocks = -(-K // block_size)
+    padded = np.zeros((M, k_blocks * block_size), np.float32)
+    padded[:, :K] = a32
+    blocks = padded.reshape(M, k_blocks, block_size)
+    s = (np.abs(blocks).max(axis=2) / np.float32(127)).astype(np.float32)
+    safe = np.where(s == 0, np.float32(1), s)[:, :, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        q = np.clip(np.rint((blocks / safe).astype(np.float32)), -127, 127)
+    q = np.where(s[:, :, None] == 0, 0, q)
+    return q.reshape(M, -1).astype(np.float64), s.astype(np.float64)
+
+
+def int8_reference(a: np.ndarray, w: NBitsWeights) -> tuple[np.ndarray, np.ndarray]:
+    """Y of the accuracy_level 4 path in float64 from the exact int8 quantisation of A (int8_quantize):
+    Y[m, n] = sum_b scale[n, b] s[m, b] sum_{k in b} qa[m, k] (q[n, k] - zp[n, b]) + bias[n], and its
+    magnitude sum_b |scale s| sum_k |qa| (|q| + |zp|) + |bias| (the bound on every term and partial
+    sum the kernel forms in float32). Both [M, N], A's leading dims flattened."""
+    qa, s = int8_quantize(a, w.block_size)
+    kp = qa.shape[1]
+    q = unpack_bits(w.b.reshape(w.N, -1), w.bits, kp).astype(np.float64)
+    zp = zero_point_values(w)
+    M, kb = s.shape
+    qa3 = qa.reshape(M, kb, w.block_size)
+    q3 = q.reshape(w.N, kb, w.block_size)
+    # the integer dot per (m, n, block): exact in float64 (|.| < 2^53)
+    dot = np.einsum("mbk,nbk->mnb", qa3, q3)
+    qsum = qa3.sum(axis=2)                                 # [M, kb]
+    d = dot - zp[None, :, :] * qsum[:, None, :]            # [M, N, kb]
+    sc = s[:, None, :] * w.scales.astype(np.float64)[None, :, :]
+    y = (d * sc).sum(axis=2)
+    mag = (np.abs(sc) * (np.einsum("mbk,nbk->mnb", np.abs(qa3), np.abs(q3))
+                         + np.abs(zp)[None, :, :] * np.abs(qa3).sum(axis=2)[:, None, :])).sum(axis=2)
+    if w.bias is not None:
+        y = y + w.bias.astype(np.float64)
+        mag = mag + np.abs(w.bias.astype(np.float64))
+    return y, mag

@@ -31,10 +31,10 @@ custom-op library has no GatedDeltaNet kernel (file and folder rewrites ask it).
     ops.rewrite.rewrite_path("model_folder", "model_folder_ort_mtp")   # also: python -m ops rewrite IN OUT
 
 Nodes our op cannot run (2-bit weights, g_idx, prepacked weights, ...) are left as com.microsoft
-nodes and reported, so a rewritten model always runs. Our op ignores accuracy_level (it always
-computes exactly), so where ORT's CPU op ran at accuracy_level 4 (int8 activations, as the genai
-builder's CPU int4 exports ask for) the rewritten model is the more accurate of the two. The swap
-is meant for the CUDA EP: on the CPU EP our op is the exact reference kernel, far slower than ORT's.
+nodes and reported, so a rewritten model always runs. The node keeps its accuracy_level: on the CPU
+EP, 4 (int8 activations, what the genai builder's CPU int4 exports ask for) runs our int8 kernel, as
+ORT's CPU op does at that level, and 0..3 our float32 one; the CUDA kernels compute in float32 at
+every level (README.md, the op reference).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The driver's greedy decoding equals onnxruntime-genai's greedy Generator on the same folder.
 
-The driver runs MatMulNBits as ort_mtp::MatMulNBits (exact fp32 rows) while the builder's CPU graph
-asks com.microsoft::MatMulNBits for int8 activations (accuracy_level 4): different numbers, so the
-comparison is made on equal graphs: the driver without its rewrite against genai on the builder's
+The driver runs MatMulNBits as ort_mtp::MatMulNBits (int8 activations at the builder's accuracy_level
+4 as ORT's op, but its own quantisation and summation order, and its own attention and linear-attention
+ops): not ORT's numbers bit for bit, so the comparison is made on equal graphs: the driver without its rewrite against genai on the builder's
 folder, and the driver with it against genai on the folder ops.rewrite made (genai loading our
 library through custom_ops_library).
 """

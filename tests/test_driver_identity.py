@@ -2,7 +2,7 @@
 of a verify forward bit-identically to width-1 decode steps, so a verify commits exactly the decode
 steps' state. ONNX Runtime's own GroupQueryAttention (the attention rewrite off) is the one op whose
 rows differ, and its rounding reaches the state where an attention layer precedes a linear-attention
-layer."""
+layer when the activations are float32."""
 
 from __future__ import annotations
 
@@ -33,14 +33,16 @@ def test_verify_rows_and_state_equal_decode_steps(folder, width):
 
 
 @pytest.mark.parametrize("width", [2, 4])
-def test_onnx_runtime_attention_reaches_the_state(folder, width):
-    """Without the attention rewrite, ORT's GroupQueryAttention rounds a verify's rows differently
-    (its GEMMs' accumulation depends on the width), and layer 3's rounding reaches the later layers'
-    state: the gap the op closes."""
+def test_onnx_runtime_attention_rows_differ(folder, width):
+    """Without the attention rewrite, ORT's GroupQueryAttention rounds a verify's rows differently (its
+    GEMMs' accumulation depends on the width): the hidden rows differ from the decode steps'. The
+    matmuls after it quantise their activations to int8 (accuracy_level 4), which absorbed the
+    difference before the logits and the state here, but only where no value sits on a quantisation
+    boundary: the gap the op closes by construction."""
     result = identity.rows(folder, PROMPT, TOKENS[:width], threads=1, rewrite=("matmul", "linear-attention"))
+    assert not all(result["hidden_rows_equal"])
     assert result["kv_max_diff"] < 1e-5 and result["state_max_diff"] < 1e-5
     assert result["argmax_equal"] == [True] * width
-    assert max(result["logits_max_diff"]) < 1e-4
 
 
 @pytest.mark.parametrize("width", [2, 5])
@@ -114,10 +116,13 @@ def test_slot_promotion_copies_one_slot_in_place(parity):
 
 def test_attention_before_linear_attention_commits_the_decode_state(builder_attention_first_folder):
     """The builder folder whose attention layer comes first: with ort_mtp::GroupQueryAttention a verify's
-    logits rows and committed state are the decode steps' bits; with ORT's node (the attention rewrite
-    off) its rounding reaches the linear-attention states after it."""
+    hidden and logits rows and committed state are the decode steps' bits; with ORT's node (the
+    attention rewrite off) its rows differ, and the hidden rows after it with them. (Whether that
+    reaches the logits and the state depends on what follows: the builder's CPU matmuls quantise their
+    activations to int8, accuracy_level 4, which can absorb a difference this small.)"""
     folder = read_folder(builder_attention_first_folder)
     ours = identity.rows(folder, PROMPT, TOKENS[:4], threads=1)
-    assert ours["logits_rows_equal"] == [True] * 4 and ours["state_max_diff"] == 0.0 and ours["kv_max_diff"] == 0.0
+    assert ours["logits_rows_equal"] == [True] * 4 and ours["hidden_rows_equal"] == [True] * 4
+    assert ours["state_max_diff"] == 0.0 and ours["kv_max_diff"] == 0.0
     theirs = identity.rows(folder, PROMPT, TOKENS[:4], threads=1, rewrite=("matmul", "linear-attention"))
-    assert theirs["state_max_diff"] > 0.0 and not all(theirs["logits_rows_equal"])
+    assert not all(theirs["hidden_rows_equal"])

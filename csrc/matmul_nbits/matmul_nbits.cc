@@ -210,6 +210,7 @@ struct MatMulNBitsKernel {
     MatMulNBitsProblem p;
     CheckWeights(where_, attrs_, type_, w, p);
     p.weights_constant = weights_constant_;
+    p.accuracy_level = static_cast<int>(attrs_.accuracy_level);  // the CPU kernel's choice only
 
     auto a_info = a.GetTensorTypeAndShapeInfo();
     std::vector<int64_t> a_shape = a_info.GetShape();

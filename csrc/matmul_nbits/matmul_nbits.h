@@ -74,6 +74,7 @@ struct MatMulNBitsProblem {
   ZeroPointKind zp_kind = ZeroPointKind::kNone;
   WeightLayout layout = WeightLayout::kRowMajor;
   bool weights_constant = false;  // B, scales, zero_points are session constants (initializers)
+  int accuracy_level = 0;         // the node's attribute: 4 with bits=4 selects the CPU int8-activation kernel
 
   const void* a = nullptr;            // [M, K] of `type`
   const uint8_t* b = nullptr;         // [N, k_blocks, block_bytes] (kTiles: the same bytes regrouped)
@@ -83,10 +84,14 @@ struct MatMulNBitsProblem {
   void* y = nullptr;                  // [M, N] of `type`
 };
 
-// CPU kernels. MatMulNBitsCpu runs the fast float32 kernel (matmul_nbits_cpu.cc, cpu_gemv_body.h:
-// AVX-512 or AVX2+FMA picked at run time, a fixed order of operations per output) where it applies
-// and the reference otherwise; ORT_MTP_CPU_KERNEL=reference|avx2|avx512 (read once) forces one.
-// MatMulNBitsCpuKernel names the kernel MatMulNBitsCpu would run for p.
+// CPU kernels. MatMulNBitsCpu runs, for accuracy_level 4 with 4-bit row-major weights, the
+// int8-activation kernel (matmul_nbits_cpu.cc's "Int8" comment, cpu_int8_body.h: A quantised to int8
+// per row and block, integer dot products; AVX-512 VNNI, AVX-512BW, AVX-VNNI, AVX2 or portable scalar);
+// otherwise the fast float32 kernel (cpu_gemv_body.h: AVX-512 or AVX2+FMA picked at run time, a fixed
+// order of operations per output) where it applies, and the reference elsewhere.
+// ORT_MTP_CPU_KERNEL=reference|avx2|avxvnni|avx512|avx512-novnni (read once) forces one ("reference"
+// runs the scalar int8 kernel where accuracy_level 4 applies). MatMulNBitsCpuKernel names the kernel
+// MatMulNBitsCpu would run for p.
 // CPU reference: each output is (sum over k of float(a) * float(dequant(b))) accumulated in double in
 // ascending k, plus bias, rounded once to the output type. Rows are independent of each other, so
 // row i of an M-row call equals the M=1 call on row i. `parallel_for(fn, user, n_tasks)` spreads the

@@ -5,9 +5,17 @@
 // - The fast kernel (cpu_gemv_body.h): a batched GEMV in float32 with a fixed per-output order of
 //   operations (AVX-512 or AVX2+FMA, picked at run time with __builtin_cpu_supports), used by
 //   default wherever it applies (row-major layout; everything else takes the reference).
-// ORT_MTP_CPU_KERNEL (read once per process) picks one: "reference", "avx2", "avx512"; unset or
-// "auto" means the best this CPU runs. An instruction set the CPU lacks falls back to the reference.
+// - The int8-activation kernel (accuracy_level 4, bits 4, row-major; see "Int8" below and
+//   cpu_int8_body.h): what com.microsoft::MatMulNBits computes at accuracy_level 4, with a fixed
+//   order of operations per output. AVX-512 VNNI, AVX-512BW, AVX-VNNI, AVX2, or portable scalar.
+// ORT_MTP_CPU_KERNEL (read once per process) picks one: "reference", "avx2", "avxvnni", "avx512",
+// "avx512-novnni"; unset or "auto" means the best this CPU runs. An instruction set the CPU lacks
+// falls back to the reference (fp32 path) or the scalar int8 kernel (accuracy_level 4).
+// "reference" runs the scalar int8 kernel where accuracy_level 4 applies (it is that path's
+// definition); "avxvnni" and "avx512-novnni" only change the int8 kernel (the fp32 path reads them as
+// "avx2" and "avx512").
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -126,6 +134,150 @@ void Run(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_c
 }
 
 
+// ---- Int8: the accuracy_level 4 path -------------------------------------------------------------
+// Definition (every implementation below computes exactly this; W is the kernel's lane count: 16 for
+// AVX-512, 8 for AVX2/AVX-VNNI and the scalar kernel, which is bit-identical to AVX2):
+// 1. A is widened to float32 (fp16/bf16 exactly) and zero-padded to kp = k_blocks * block_size.
+//    Per row m and block b (the weights' block_size):
+//      amax = max |a[m, k]| over the block, s_a[m, b] = amax / 127.f (float32 division)
+//      qa[m, k] = s_a == 0 ? 0 : clamp(round_half_even(a[m, k] / s_a), -127, 127)   (int8)
+//    (the quotient a / s_a is a float32 division; A must be finite). A row's quantisation depends on
+//    that row's values only.
+// 2. k is cut into chunks of CK = 8 W; lane i of chunk c holds k = c CK + 8 i .. c CK + 8 i + 7 (one
+//    block, as block_size >= 16), qsum = the lane's sum of qa (zero past kp). Per output (m, n) and
+//    lane, for chunks c ascending:
+//      p = sum over the lane's k of qa[m, k] * q[n, k]   (int32, exact: any order gives the same p)
+//      d = p - zp[n, b] * qsum  (int32, exact; zp = 8 without zero points, the uint8 value if packed)
+//          typed zero points: d = fma(zp, -float(qsum), float(p)) in float32
+//      acc[lane] = fma(float(d), float32(s_w[n, b] * s_a[m, b]), acc[lane])
+//    lanes past the last block add fma(0, 0, acc).
+// 3. y = fixed-tree sum of the W lanes (V::Hsum) + bias (float32), rounded once to Y's type.
+// Against exact arithmetic on the same int4 weights the error is dominated by the int8 rounding of A:
+// |qa s_a - a| <= s_a / 2 per element (ops/nbits.py's int8_reference emulates step 1 exactly).
+struct Int8Job {
+  const MatMulNBitsProblem* p;
+  const int8_t* qa;          // [M][chunks][CK]: per chunk the even-k values, then the odd-k values
+  const int32_t* lane_sum;   // [M][chunks][W]: -zp0 * qsum (zp0 = 8 without zero points, else 1)
+  const float* lane_scale;   // [M][chunks][W]: s_a of the lane's block (0 past the last block)
+  int64_t chunks;            // ceil(kp / CK)
+  int64_t full_chunks;       // chunks that lie inside a weight row: floor(kp / CK)
+  int64_t groups;            // work units (column groups of 4, or columns for the scalar kernel)
+  int64_t tasks;
+};
+
+constexpr int kScalarLanes = 8;
+
+template <typename T>
+void WidenPortable(const T* a, int64_t M, int64_t K, int64_t kp, float* out) {
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t k = 0; k < K; ++k) out[m * kp + k] = ToFloat(a[m * K + k]);
+    for (int64_t k = K; k < kp; ++k) out[m * kp + k] = 0.f;
+  }
+}
+
+// Step 1 for one row and lane count W (a: kp floats; tmp: chunks * CK bytes of scratch).
+void QuantizeRowPortable(const float* a, int64_t kp, int bs, int64_t chunks, int lanes, int zp0, int8_t* q,
+                         int32_t* lane_sum, float* lane_scale, int8_t* tmp) {
+  const int64_t ck = 8 * lanes, kq = chunks * ck;
+  for (int64_t k0 = 0; k0 < kp; k0 += bs) {
+    float amax = 0.f;
+    for (int64_t k = k0; k < k0 + bs; ++k) amax = std::max(amax, std::fabs(a[k]));
+    const float s = amax / 127.f;
+    for (int64_t k = k0; k < k0 + bs; ++k) {
+      float v = s == 0.f ? 0.f : std::nearbyint(a[k] / s);
+      v = std::min(std::max(v, -127.f), 127.f);
+      tmp[k] = static_cast<int8_t>(v);
+    }
+    for (int64_t k = k0; k < k0 + bs; k += 8) lane_scale[k / 8] = s;
+  }
+  for (int64_t k = kp; k < kq; ++k) tmp[k] = 0;
+  for (int64_t i = kp / 8; i < kq / 8; ++i) lane_scale[i] = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    for (int64_t e = 0; e < ck / 2; ++e) {
+      q[c * ck + e] = tmp[c * ck + 2 * e];
+      q[c * ck + ck / 2 + e] = tmp[c * ck + 2 * e + 1];
+    }
+  }
+  for (int64_t i = 0; i < kq / 8; ++i) {
+    int sum = 0;
+    for (int e = 0; e < 8; ++e) sum += tmp[8 * i + e];
+    lane_sum[i] = -zp0 * sum;
+  }
+}
+
+template <typename T>
+void Int8ScalarColumns(const Int8Job& j, int64_t n_begin, int64_t n_end) {
+  constexpr int W = kScalarLanes, CK = 8 * W;
+  const MatMulNBitsProblem& p = *j.p;
+  const T* scales = static_cast<const T*>(p.scales);
+  const int64_t row_bytes = p.k_blocks * p.block_bytes, kp = p.k_blocks * p.block_size;
+  for (int64_t n = n_begin; n < n_end; ++n) {
+    const uint8_t* row = p.b + n * row_bytes;
+    for (int64_t m = 0; m < p.M; ++m) {
+      float acc[W] = {};
+      for (int64_t c = 0; c < j.chunks; ++c) {
+        const int64_t at = m * j.chunks + c;
+        const int8_t* qa = j.qa + at * CK;
+        for (int i = 0; i < W; ++i) {
+          const int64_t k0 = c * CK + 8 * i, blk = k0 / p.block_size;
+          int32_t dot = 0;
+          for (int e = 0; e < 8 && k0 + e < kp; ++e) {
+            const int64_t k = k0 + e, local = k - c * CK;
+            const int qv = Quant(p, row, k);
+            const int a = (local & 1) ? qa[CK / 2 + local / 2] : qa[local / 2];
+            dot += a * qv;
+          }
+          const int32_t ls = j.lane_sum[at * W + i];
+          float sw = 0.f, f;
+          if (blk < p.k_blocks) sw = ToFloat(scales[n * p.k_blocks + blk]);
+          if (p.zp_kind == ZeroPointKind::kTyped) {
+            const float zp = blk < p.k_blocks ? ToFloat(static_cast<const T*>(p.zero_points)[n * p.k_blocks + blk]) : 0.f;
+            f = std::fma(zp, static_cast<float>(ls), static_cast<float>(dot));
+          } else if (p.zp_kind == ZeroPointKind::kPacked) {
+            const int32_t zp = blk < p.k_blocks ? static_cast<int32_t>(ZeroPoint<T>(p, n, blk)) : 0;
+            f = static_cast<float>(dot + zp * ls);
+          } else {
+            f = static_cast<float>(dot + ls);  // ls = -8 qsum
+          }
+          const float scale = sw * j.lane_scale[at * W + i];
+          acc[i] = std::fma(f, scale, acc[i]);
+        }
+      }
+      // AVX2's V::Hsum: (a0 + a4, a1 + a5, a2 + a6, a3 + a7), then (x0 + x2) + (x1 + x3).
+      float x[4];
+      for (int i = 0; i < 4; ++i) x[i] = acc[i] + acc[i + 4];
+      float v = (x[0] + x[2]) + (x[1] + x[3]);
+      if (p.bias) v += ToFloat(static_cast<const T*>(p.bias)[n]);
+      static_cast<T*>(p.y)[m * p.N + n] = FromFloat<T>(v);
+    }
+  }
+}
+
+void Int8ScalarRange(const Int8Job& j, int64_t b, int64_t e) {
+  switch (j.p->type) {
+    case ElemType::kFloat32: Int8ScalarColumns<float>(j, b, e); break;
+    case ElemType::kFloat16: Int8ScalarColumns<Ort::Float16_t>(j, b, e); break;
+    case ElemType::kBFloat16: Int8ScalarColumns<Ort::BFloat16_t>(j, b, e); break;
+  }
+}
+
+void Int8ScalarWiden(const MatMulNBitsProblem& p, int64_t kp, float* out) {
+  switch (p.type) {
+    case ElemType::kFloat32: WidenPortable(static_cast<const float*>(p.a), p.M, p.K, kp, out); break;
+    case ElemType::kFloat16: WidenPortable(static_cast<const Ort::Float16_t*>(p.a), p.M, p.K, kp, out); break;
+    case ElemType::kBFloat16: WidenPortable(static_cast<const Ort::BFloat16_t*>(p.a), p.M, p.K, kp, out); break;
+  }
+}
+
+void Int8ScalarQuantize(const float* a, int64_t M, int64_t kp, int bs, int64_t chunks, int zp0, int8_t* qa,
+                        int32_t* lane_sum, float* lane_scale, int8_t* tmp) {
+  constexpr int W = kScalarLanes;
+  for (int64_t m = 0; m < M; ++m)
+    QuantizeRowPortable(a + m * kp, kp, bs, chunks, W, zp0, qa + m * chunks * 8 * W, lane_sum + m * chunks * W,
+                        lane_scale + m * chunks * W, tmp);
+}
+
+
 #if ORT_MTP_CPU_X86
 struct FastJob {
   const MatMulNBitsProblem* p;
@@ -179,8 +331,52 @@ struct V {
   }
 };
 #include "matmul_nbits/cpu_gemv_body.h"
+// The int8 kernel's integer side: u8 weights (nibbles) x s8 activations, 4 bytes per int32 lane.
+struct Q {
+  using I = __m256i;
+  static constexpr int kRows = 2;
+  static ORT_MTP_TARGET inline I LoadBytes(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static ORT_MTP_TARGET inline I LoadI(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static ORT_MTP_TARGET inline I Lo(I x) { return _mm256_and_si256(x, _mm256_set1_epi8(0x0F)); }
+  static ORT_MTP_TARGET inline I Hi(I x) { return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0F)); }
+  static ORT_MTP_TARGET inline I Zero() { return _mm256_setzero_si256(); }
+  static ORT_MTP_TARGET inline I MulLo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static ORT_MTP_TARGET inline __m256 Cvt(I x) { return _mm256_cvtepi32_ps(x); }
+  // acc + per lane (l . qe + h . qo) over its 4 bytes. maddubs pairs: |2 * 15 * 127| and their sum
+  // over l and h (<= 7620) fit int16 without saturation, so this is exact, as VNNI's dpbusd.
+  static ORT_MTP_TARGET inline I Dot(I acc, I l, I qe, I h, I qo) {
+    const I s16 = _mm256_add_epi16(_mm256_maddubs_epi16(l, qe), _mm256_maddubs_epi16(h, qo));
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+  }
+  // s[0 .. BPC) -> lane i gets s[i / LPB].
+  template <int BPC, int LPB>
+  static ORT_MTP_TARGET inline __m256 Expand(const float* s) {
+    static_assert(BPC * LPB == 8, "");
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(BPC), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256 v = _mm256_maskload_ps(s, mask);
+    const __m256i idx = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), __builtin_ctz(LPB));
+    return _mm256_permutevar8x32_ps(v, idx);
+  }
+};
+#include "matmul_nbits/cpu_int8_body.h"
 #undef ORT_MTP_TARGET
 }  // namespace avx2
+
+// AVX2 with AVX-VNNI's 256-bit vpdpbusd: the same integers as avx2::Q::Dot, so the same results.
+namespace avxvnni {
+#define ORT_MTP_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
+using avx2::kPrefetchBytes;
+using avx2::LoadScalar;
+using avx2::StoreY;
+using V = avx2::V;
+struct Q : avx2::Q {
+  static ORT_MTP_TARGET inline I Dot(I acc, I l, I qe, I h, I qo) {
+    return _mm256_dpbusd_avx_epi32(_mm256_dpbusd_avx_epi32(acc, l, qe), h, qo);
+  }
+};
+#include "matmul_nbits/cpu_int8_body.h"
+#undef ORT_MTP_TARGET
+}  // namespace avxvnni
 
 namespace avx512 {
 #define ORT_MTP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
@@ -219,8 +415,48 @@ struct V {
   }
 };
 #include "matmul_nbits/cpu_gemv_body.h"
+struct Q {
+  using I = __m512i;
+  static constexpr int kRows = 4;
+  static ORT_MTP_TARGET inline I LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
+  static ORT_MTP_TARGET inline I LoadI(const int32_t* p) { return _mm512_loadu_si512(p); }
+  static ORT_MTP_TARGET inline I Lo(I x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
+  static ORT_MTP_TARGET inline I Hi(I x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0F)); }
+  static ORT_MTP_TARGET inline I Zero() { return _mm512_setzero_si512(); }
+  static ORT_MTP_TARGET inline I MulLo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static ORT_MTP_TARGET inline __m512 Cvt(I x) { return _mm512_cvtepi32_ps(x); }
+  static ORT_MTP_TARGET inline I Dot(I acc, I l, I qe, I h, I qo) {  // exact: see avx2::Q::Dot
+    const I s16 = _mm512_add_epi16(_mm512_maddubs_epi16(l, qe), _mm512_maddubs_epi16(h, qo));
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(s16, _mm512_set1_epi16(1)));
+  }
+  template <int BPC, int LPB>
+  static ORT_MTP_TARGET inline __m512 Expand(const float* s) {
+    static_assert(BPC * LPB == 16, "");
+    const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << BPC) - 1), s);
+    const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                          __builtin_ctz(LPB));
+    return _mm512_permutexvar_ps(idx, v);
+  }
+};
+#include "matmul_nbits/cpu_int8_body.h"
 #undef ORT_MTP_TARGET
 }  // namespace avx512
+
+// AVX-512 VNNI's vpdpbusd: the same integers as avx512::Q::Dot, so the same results.
+namespace avx512vnni {
+#define ORT_MTP_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+using avx512::kPrefetchBytes;
+using avx512::LoadScalar;
+using avx512::StoreY;
+using V = avx512::V;
+struct Q : avx512::Q {
+  static ORT_MTP_TARGET inline I Dot(I acc, I l, I qe, I h, I qo) {
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, l, qe), h, qo);
+  }
+};
+#include "matmul_nbits/cpu_int8_body.h"
+#undef ORT_MTP_TARGET
+}  // namespace avx512vnni
 
 struct FastIsa {
   const char* name;
@@ -244,8 +480,8 @@ const FastIsa* ChooseIsa() {
   const char* env = std::getenv("ORT_MTP_CPU_KERNEL");
   const std::string want = env ? env : "auto";
   if (want == "reference") return nullptr;
-  if (want == "avx2") return CpuHasAvx2() ? &kAvx2 : nullptr;
-  if (want == "avx512") return CpuHasAvx512() ? &kAvx512 : nullptr;
+  if (want == "avx2" || want == "avxvnni") return CpuHasAvx2() ? &kAvx2 : nullptr;
+  if (want == "avx512" || want == "avx512-novnni") return CpuHasAvx512() ? &kAvx512 : nullptr;
   if (CpuHasAvx512()) return &kAvx512;
   if (CpuHasAvx2()) return &kAvx2;
   return nullptr;
@@ -290,6 +526,108 @@ void RunFast(const FastIsa& isa, const MatMulNBitsProblem& p, ParallelFor parall
 }
 #endif  // ORT_MTP_CPU_X86
 
+// The int8 kernels: (name, lanes, widen A to float32 [M, kp], quantise, compute a range of groups,
+// columns per group).
+struct Int8Isa {
+  const char* name;
+  int lanes;
+  int group;  // columns per work unit
+  void (*widen)(const MatMulNBitsProblem&, int64_t kp, float* out);
+  void (*quantize)(const float*, int64_t, int64_t, int, int64_t, int, int8_t*, int32_t*, float*, int8_t*);
+  void (*range)(const Int8Job&, int64_t, int64_t);
+};
+constexpr Int8Isa kInt8Scalar{"scalar-int8", kScalarLanes, 1, Int8ScalarWiden, Int8ScalarQuantize, Int8ScalarRange};
+
+#if ORT_MTP_CPU_X86
+template <void (*kWiden)(const FastJob&, float*)>
+void WidenVia(const MatMulNBitsProblem& p, int64_t kp, float* out) {
+  FastJob j{};
+  j.p = &p;
+  j.kp = kp;
+  kWiden(j, out);
+}
+constexpr Int8Isa kInt8Avx2{"avx2-int8", 8, 4, WidenVia<avx2::WidenEntry>, avx2::Int8QuantizeEntry, avx2::Int8RangeEntry};
+constexpr Int8Isa kInt8AvxVnni{"avxvnni-int8", 8, 4, WidenVia<avx2::WidenEntry>, avxvnni::Int8QuantizeEntry,
+                               avxvnni::Int8RangeEntry};
+constexpr Int8Isa kInt8Avx512{"avx512-int8", 16, 4, WidenVia<avx512::WidenEntry>, avx512::Int8QuantizeEntry,
+                              avx512::Int8RangeEntry};
+constexpr Int8Isa kInt8Avx512Vnni{"avx512vnni-int8", 16, 4, WidenVia<avx512::WidenEntry>,
+                                  avx512vnni::Int8QuantizeEntry, avx512vnni::Int8RangeEntry};
+
+bool CpuHasAvxVnni() { return CpuHasAvx2() && __builtin_cpu_supports("avxvnni"); }
+bool CpuHasAvx512Vnni() { return CpuHasAvx512() && __builtin_cpu_supports("avx512vnni"); }
+#endif
+
+const Int8Isa* ChooseInt8Isa() {
+#if ORT_MTP_CPU_X86
+  const char* env = std::getenv("ORT_MTP_CPU_KERNEL");
+  const std::string want = env ? env : "auto";
+  if (want == "reference") return &kInt8Scalar;
+  if (want == "avx2") return CpuHasAvx2() ? &kInt8Avx2 : &kInt8Scalar;
+  if (want == "avxvnni") return CpuHasAvxVnni() ? &kInt8AvxVnni : CpuHasAvx2() ? &kInt8Avx2 : &kInt8Scalar;
+  if (want == "avx512-novnni") return CpuHasAvx512() ? &kInt8Avx512 : &kInt8Scalar;
+  if (want == "avx512") return CpuHasAvx512Vnni() ? &kInt8Avx512Vnni : CpuHasAvx512() ? &kInt8Avx512 : &kInt8Scalar;
+  if (CpuHasAvx512Vnni()) return &kInt8Avx512Vnni;
+  if (CpuHasAvx512()) return &kInt8Avx512;
+  if (CpuHasAvxVnni()) return &kInt8AvxVnni;
+  if (CpuHasAvx2()) return &kInt8Avx2;
+#endif
+  return &kInt8Scalar;
+}
+
+const Int8Isa& Int8IsaChosen() {
+  static const Int8Isa* isa = ChooseInt8Isa();
+  return *isa;
+}
+
+bool Int8Applies(const MatMulNBitsProblem& p) {
+  return p.accuracy_level == 4 && p.bits == 4 && p.layout == WeightLayout::kRowMajor;
+}
+
+void RunInt8(const Int8Isa& isa, const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
+  const int W = isa.lanes, ck = 8 * W;
+  const int64_t kp = p.k_blocks * p.block_size;
+  Int8Job j{};
+  j.p = &p;
+  j.chunks = (kp + ck - 1) / ck;
+  j.full_chunks = kp / ck;
+  j.groups = (p.N + isa.group - 1) / isa.group;
+  // Tasks of at least 16 columns; each output's arithmetic is the same whichever task computes it.
+  j.tasks = parallel_for ? std::max<int64_t>(1, std::min<int64_t>(64, j.groups * isa.group / 16)) : 1;
+  static thread_local std::vector<float> a_buf, lane_scale;
+  static thread_local std::vector<int8_t> qa, tmp;
+  static thread_local std::vector<int32_t> lane_sum;
+  auto grow = [](auto& v, size_t n) { if (v.size() < n) v.resize(n); };
+  grow(a_buf, static_cast<size_t>(p.M * kp));
+  grow(qa, static_cast<size_t>(p.M * j.chunks * ck) + 64);
+  grow(tmp, static_cast<size_t>(j.chunks * ck) + 64);
+  grow(lane_sum, static_cast<size_t>(p.M * j.chunks * W));
+  grow(lane_scale, static_cast<size_t>(p.M * j.chunks * W));
+  isa.widen(p, kp, a_buf.data());
+  const int zp0 = p.zp_kind == ZeroPointKind::kNone ? (1 << (p.bits - 1)) : 1;
+  isa.quantize(a_buf.data(), p.M, kp, p.block_size, j.chunks, zp0, qa.data(), lane_sum.data(), lane_scale.data(),
+               tmp.data());
+  j.qa = qa.data();
+  j.lane_sum = lane_sum.data();
+  j.lane_scale = lane_scale.data();
+  if (j.tasks == 1) {
+    isa.range(j, 0, j.groups);
+    return;
+  }
+  struct Ctx {
+    const Int8Job* j;
+    const Int8Isa* isa;
+  } ctx{&j, &isa};
+  parallel_for(
+      parallel_context,
+      [](void* user, size_t i) {
+        const Ctx& c = *static_cast<const Ctx*>(user);
+        const int64_t g = c.j->groups, t = c.j->tasks;
+        c.isa->range(*c.j, g * static_cast<int64_t>(i) / t, g * static_cast<int64_t>(i + 1) / t);
+      },
+      static_cast<size_t>(j.tasks), &ctx);
+}
+
 }  // namespace
 
 void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
@@ -301,6 +639,7 @@ void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_f
 }
 
 const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p) {
+  if (Int8Applies(p)) return Int8IsaChosen().name;
 #if ORT_MTP_CPU_X86
   if (const FastIsa* isa = Isa(); isa && FastApplies(p)) return isa->name;
 #else
@@ -310,6 +649,10 @@ const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p) {
 }
 
 void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
+  if (Int8Applies(p)) {
+    RunInt8(Int8IsaChosen(), p, parallel_for, parallel_context);
+    return;
+  }
 #if ORT_MTP_CPU_X86
   if (const FastIsa* isa = Isa(); isa && FastApplies(p)) {
     RunFast(*isa, p, parallel_for, parallel_context);
