@@ -74,8 +74,8 @@ def build_parser() -> Parser:
 
 
 # --mode auto: the mode measured faster on each provider. On the CPU, MTP has been slower than greedy on
-# every model measured (the trained default 160 vs 300 tok/s at k=3, bench/results/cpu/default_model.json;
-# the small preset, bench/results/cpu-gemv): there a head forward costs about what a main forward does.
+# every model measured (the trained default 761 vs 1448 tok/s at k=3, bench/results/cpu/default_model.json;
+# the small preset 42.6 vs 66.8 at k=1, bench/results/cpu-gemv-int8): a head forward costs about a main one.
 # On CUDA MTP k=3 runs 2x greedy on the 27B-class folder (README, "Measured so far").
 AUTO_MODE = {"cpu": "greedy", "cuda": "mtp"}
 AUTO_MODE_HELP = "mtp on cuda, greedy on cpu, the faster measured on each"
