@@ -6,11 +6,15 @@ same configuration, and the per-op row identity of a width-4 verify on CUDA
 (`python -m driver identity`).
 
     python3 bench/e2e_27b.py [--folder /tmp/models_qwen35_27b] [--prompts 4] [--new-tokens 128]
-                             [--temperatures 0.7,1.0]
+                             [--repetitions 3] [--phases] [--temperatures 0.7,1.0]
 
 Builds the folder first when it is missing (`qwen35-27b`, int4, CUDA, state_window 4; ~25 s on
-16 cores). Each (configuration, mode) runs every prompt twice and keeps the second (warm: CUDA
-graphs captured) pass; tok/s is the median over prompts of new tokens / decode seconds. Writes
+16 cores). Each (configuration, mode) runs every prompt once to warm up (CUDA graphs captured), then
+--repetitions measured passes; tok/s is the median over prompts of each prompt's median new tokens /
+decode seconds, beside the time to first token (the prefill), the achieved weight bandwidth (weight
+bytes read by the forwards over the decode time), the device memory in use at its peak, and, with
+--phases, ms per round per phase from one profiled pass. With genai, our greedy stream is compared
+with genai's greedy stream per prompt (greedy_vs_ours: the first differing token, or null). Writes
 $OUT/e2e_27b.json (else bench/results/e2e_27b.json) and prints a table last.
 """
 
@@ -30,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3))
+MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
+MAIN_FORWARDS = ("decode", "verify", "re-advance")  # forwards of the main graph after the prompt's
 
 
 def ensure_folder(folder: Path) -> dict:
@@ -100,8 +105,33 @@ def run_sampled(gen, prompts: list[list[int]], new_tokens: int, temperature: flo
     return rows
 
 
+def weight_bytes(folder: Path) -> dict:
+    """Bytes of weights a forward of each graph reads: its external data files (int4 weights, scales,
+    embeddings; the tiles layout's file where the rewrite wrote one)."""
+    def data(name):
+        return sum(p.stat().st_size for p in folder.glob(f"{name}.onnx*.data"))
+    return {"main": data("model"), "head": data("mtp")}
+
+
+def device_memory_used() -> int | None:
+    """Bytes in use on the current GPU (all of this process's allocations, ONNX Runtime's included)."""
+    try:
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return int(total - free)
+    except Exception:  # noqa: BLE001 - no CuPy or no GPU: not measured
+        return None
+
+
 def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[int]], new_tokens: int,
-                      label: str | None = None, temperatures: tuple[float, ...] = ()) -> dict:
+                      label: str | None = None, temperatures: tuple[float, ...] = (), repetitions: int = 1,
+                      phases: bool = False) -> dict:
+    """Every mode on every prompt: a warm-up pass (captures this width's CUDA graphs), then `repetitions`
+    measured passes; per prompt the medians of decode tok/s and time to first token (the prefill) and
+    the achieved weight bandwidth (weight bytes read by the main and head forwards over the decode
+    time). With `phases`, one more pass with the profiler (a device synchronisation per phase, so not
+    the timed one) gives ms per round per phase."""
     from driver import Generator
 
     label = label or ("ours" if rewrite else "ort")
@@ -110,8 +140,10 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
     gen = Generator(folder, provider=provider, mode="mtp", draft_tokens=3, rewrite=rewrite)
     load_seconds = time.perf_counter() - start
     gen_report = rewrite_summary(gen, rewrite)
+    bytes_per = weight_bytes(folder)
     rows = {}
     greedy_tokens = []
+    peak = device_memory_used()
     for mode, k in MODES:
         per_prompt = []
         for p, ids in enumerate(prompts):
@@ -119,25 +151,48 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
             if k:
                 kwargs["draft_tokens"] = k
             gen.generate(ids, new_tokens, **kwargs)  # warm-up: captures this width's CUDA graphs
-            result = gen.generate(ids, new_tokens, **kwargs)
+            runs = [gen.generate(ids, new_tokens, **kwargs) for _ in range(repetitions)]
+            result = runs[-1]
             stats = result.stats.as_dict()
-            entry = {"tok_s": stats["tokens_per_second"], "acceptance": stats["acceptance"],
-                     "tokens_per_round": stats["tokens_per_round"], "commits": stats["commits"],
+            forwards = stats["forwards"]
+            main = sum(forwards.get(name, 0) for name in MAIN_FORWARDS)
+            gbps = (bytes_per["main"] * main + bytes_per["head"] * forwards.get("head", 0)) / stats["decode_seconds"] / 1e9
+            entry = {"tok_s": statistics.median(r.stats.as_dict()["tokens_per_second"] for r in runs),
+                     "tok_s_runs": [r.stats.as_dict()["tokens_per_second"] for r in runs],
+                     "ttft_ms": 1000 * statistics.median(r.stats.as_dict()["prefill_seconds"] for r in runs),
+                     "weight_gb_s": round(gbps, 1), "acceptance": stats["acceptance"],
+                     "tokens_per_round": stats["tokens_per_round"], "commits": stats["commits"], "forwards": forwards,
                      "tokens": result.tokens}  # kept so that a stream difference can be looked at afterwards
+            if any(r.tokens != result.tokens for r in runs):
+                entry["repetitions_differ"] = True  # the same inputs gave different tokens: nondeterminism
             if mode == "greedy":
                 greedy_tokens.append(result.tokens)
             else:
                 entry["first_difference_from_greedy"] = first_difference(result.tokens, greedy_tokens[p])
             per_prompt.append(entry)
+            used = device_memory_used()
+            peak = max(peak, used) if peak is not None and used is not None else peak
         name = mode if not k else f"mtp_k{k}"
         rows[name] = row = summarize(per_prompt, k)
-        print(f"  {label:5s} {name:8s} {row['tok_s_median']:8.1f} tok/s"
+        row["ttft_ms_median"] = statistics.median(e["ttft_ms"] for e in per_prompt)
+        row["weight_gb_s_median"] = statistics.median(e["weight_gb_s"] for e in per_prompt)
+        print(f"  {label:5s} {name:8s} {row['tok_s_median']:8.1f} tok/s  ttft {row['ttft_ms_median']:.1f} ms  "
+              f"{row['weight_gb_s_median']:.0f} GB/s"
               + (f"  acceptance {row['acceptance_mean']:.3f}  ==greedy {row['identical_to_greedy']}/{len(prompts)}"
                  if k else ""), flush=True)
+    if phases:
+        profiled = Generator(folder, provider=provider, mode="mtp", rewrite=rewrite, profile=True)
+        for mode, k in MODES:
+            kwargs = {"mode": mode, "stop_at_eos": False, **({"draft_tokens": k} if k else {})}
+            profiled.generate(prompts[0], new_tokens, **kwargs)
+            stats = profiled.generate(prompts[0], new_tokens, **kwargs).stats.as_dict()
+            rows[mode if not k else f"mtp_k{k}"]["phase_ms_per_round"] = stats.get("phase_ms_per_round")
+        del profiled
     sampled = {str(t): run_sampled(gen, prompts, new_tokens, t, label) for t in temperatures}
     del gen
     out = {"label": label, "rewrite": rewrite if isinstance(rewrite, bool) else list(rewrite),
-           "rewritten": gen_report, "load_seconds": round(load_seconds, 1), "modes": rows}
+           "rewritten": gen_report, "load_seconds": round(load_seconds, 1), "weight_bytes": bytes_per,
+           "repetitions": repetitions, "peak_device_memory_bytes": peak, "modes": rows}
     if sampled:
         out["sampled"] = sampled
     return out
@@ -189,7 +244,7 @@ def run_genai(folder: Path, prompts: list[list[int]], new_tokens: int) -> dict:
                 seconds = time.perf_counter() - start
                 sequence = gen.get_sequence() if k else gen.get_sequence(0)
                 tokens = [int(t) for t in sequence][len(ids):]
-            entry = {"tok_s": (len(tokens) - 1) / seconds}  # the first new token comes from the prompt forward
+            entry = {"tok_s": (len(tokens) - 1) / seconds, "tokens": tokens}  # the first new token: the prompt forward
             if k:
                 stats = gen.get_stats()
                 entry["acceptance"] = float(stats.get("acceptance_rate", 0.0))
@@ -215,6 +270,8 @@ def main() -> int:
                     help="any of ours, ours_mm (ours with only the MatMulNBits rewrite: ORT's own linear-attention "
                          "nodes), tiles (ours on the folder rewritten with --pack), ort, genai")
     ap.add_argument("--skip-identity", action="store_true", help="leave out the per-op identity check")
+    ap.add_argument("--repetitions", type=int, default=1, help="measured passes per prompt after the warm-up (medians)")
+    ap.add_argument("--phases", action="store_true", help="also one profiled pass per mode: ms per round per phase")
     ap.add_argument("--temperatures", default="",
                     help="comma list: also time sampled decoding (plain and MTP) at these temperatures, "
                          "for the first configuration in --configurations' order (ours, ours_mm, tiles, ort)")
@@ -239,13 +296,20 @@ def main() -> int:
         rewrite = {"ort": False, "ours_mm": ("matmul",)}.get(label, True)
         temperatures = () if report["configurations"] else temps
         report["configurations"].append(
-            run_configuration(where, args.provider, rewrite, prompts, args.new_tokens, label, temperatures))
+            run_configuration(where, args.provider, rewrite, prompts, args.new_tokens, label, temperatures,
+                              args.repetitions, args.phases))
         (out / "e2e_27b.json").write_text(json.dumps(report, indent=1))
     if "genai" in wanted:
         try:
             report["genai"] = run_genai(folder, prompts, args.new_tokens)
         except Exception as error:  # recorded, not fatal: the driver's numbers stand on their own
             report["genai"] = {"error": f"{type(error).__name__}: {error}"}
+        ours = next((c for c in report["configurations"] if c["label"] == "ours"), None)
+        if ours is not None and "modes" in report["genai"]:
+            # our greedy against onnxruntime-genai's greedy on the same folder: the first token that differs
+            report["genai"]["greedy_vs_ours"] = [
+                first_difference(g["tokens"], o["tokens"])
+                for g, o in zip(report["genai"]["modes"]["greedy"]["prompts"], ours["modes"]["greedy"]["prompts"])]
         (out / "e2e_27b.json").write_text(json.dumps(report, indent=1))
     if not args.skip_identity:
         identity = subprocess.run([sys.executable, "-m", "driver", "identity", "--model", str(folder), "--provider",

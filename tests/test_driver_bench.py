@@ -23,6 +23,30 @@ from harness import Context  # noqa: E402
 from driver.device import make_device  # noqa: E402
 
 
+def test_e2e_script_dry_run(tiny_folder, tmp_path):
+    """bench/e2e_27b.py on the CPU EP and the tiny preset: every mode's row has the fields the device run
+    reports (medians over repetitions, time to first token, weight bandwidth, phases), and MTP's streams
+    equal greedy's."""
+    import os
+
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "e2e_27b.py"), "--provider", "cpu", "--folder",
+                           str(tiny_folder), "--configurations", "ours", "--prompts", "2", "--new-tokens", "6",
+                           "--repetitions", "2", "--phases", "--skip-identity"],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OUT": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "e2e_27b.json").read_text())
+    ours = report["configurations"][0]
+    assert ours["repetitions"] == 2 and ours["weight_bytes"]["main"] > 0
+    assert set(ours["modes"]) == {"greedy", "mtp_k1", "mtp_k2", "mtp_k3", "mtp_k4"}
+    for name, row in ours["modes"].items():
+        assert row["ttft_ms_median"] > 0 and row["weight_gb_s_median"] > 0
+        assert name == "greedy" or "round" in row["phase_ms_per_round"]  # greedy has no rounds to time
+        for entry in row["prompts"]:
+            assert len(entry["tok_s_runs"]) == 2 and len(entry["tokens"]) == 6
+            if name != "greedy":
+                assert entry["first_difference_from_greedy"] is None
+
+
 def test_device_script_dry_run(tmp_path):
     """The models presets only: the onnxruntime-genai fixtures come from `prepare` (torch), and a
     missing one is reported, not fatal."""
