@@ -379,37 +379,36 @@ def _pack(model: onnx.ModelProto, report: ModelReport, source: Path, output: Pat
         raise RewriteError(f"cannot pack {source}: {e}") from None
 
 
-def gated_delta_net_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
-    """The `gated_delta_net` argument of rewrite_model_report for a model that will run with
-    `library` (default: ops.library_path()) on `provider`: a block is rewritten only where the
-    library's GatedDeltaNet kernel takes its types there. The library is looked up, and asked, only
-    when a block otherwise fits."""
-    from . import linear_attention
+def _library_check(available, op: str, library, provider: str, device_id: int):
+    """check(signature) -> None | why: whether `library` (default: ops.library_path(), looked up only
+    when asked) runs ort_mtp::`op` on `provider` for a node's signature, by `available(path, provider,
+    signature, device_id)`."""
 
     def check(signature) -> str | None:
         try:
             path = str(library) if library else library_path()
         except LibraryNotFoundError as e:
-            return f"no custom-op library to run ort_mtp::GatedDeltaNet ({e})"
-        return linear_attention.available(path, provider, signature, device_id)
+            return f"no custom-op library to run ort_mtp::{op} ({e})"
+        return available(path, provider, signature, device_id)
 
     return check
+
+
+def gated_delta_net_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
+    """The `gated_delta_net` argument of rewrite_model_report for a model that will run with
+    `library` (default: ops.library_path()) on `provider`: a block is rewritten only where the
+    library's GatedDeltaNet kernel takes its types there."""
+    from . import linear_attention
+
+    return _library_check(linear_attention.available, "GatedDeltaNet", library, provider, device_id)
 
 
 def attention_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
     """The `attention` argument of rewrite_model_report: a GroupQueryAttention node is rewritten only
-    where `library` (default: ops.library_path()) runs ort_mtp::GroupQueryAttention for its type on
-    `provider`."""
+    where `library` runs ort_mtp::GroupQueryAttention for its type on `provider`."""
     from . import attention
 
-    def check(dtype) -> str | None:
-        try:
-            path = str(library) if library else library_path()
-        except LibraryNotFoundError as e:
-            return f"no custom-op library to run ort_mtp::GroupQueryAttention ({e})"
-        return attention.available(path, provider, dtype, device_id)
-
-    return check
+    return _library_check(attention.available, "GroupQueryAttention", library, provider, device_id)
 
 
 def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False,

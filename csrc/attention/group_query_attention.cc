@@ -80,11 +80,7 @@ struct Dims {
 
 void CheckShape(const std::string& where, int i, const TensorDesc& d, const std::vector<int64_t>& expected,
                 const char* form) {
-  bool ok = d.shape.size() == expected.size();
-  for (size_t k = 0; ok && k < expected.size(); ++k) ok = expected[k] < 0 || d.shape[k] == expected[k];
-  if (!ok)
-    Fail(where, InputLabel(i) + " has shape " + ShapeToString(d.shape) + ", expected " + form + " = " +
-                    ShapeToString(expected) + " (-1: any)");
+  ort_mtp::CheckShape(where, InputLabel(i), d, expected, form);
 }
 
 Dims CheckInputs(const std::string& where, const Attrs& at, GqaType type, const InputDescs& in) {

@@ -30,6 +30,7 @@
 #include <cstdint>
 
 #include "attention/group_query_attention.h"
+#include "common/cuda_numeric.cuh"
 
 namespace ort_mtp {
 namespace {
@@ -53,18 +54,8 @@ struct GqaParams {
   bool share_buffer, smooth_softmax;
 };
 
-__device__ __forceinline__ float ToF(float v) { return v; }
-__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+using cuda::FromF;
+using cuda::ToF;
 
 // The position of batch row b's first new token, or -1 when its seqlens_k puts the call outside the cache.
 __device__ __forceinline__ int64_t PastOf(const GqaParams& p, int64_t b) {

@@ -75,6 +75,15 @@ TensorDesc Describe(const Ort::ConstValue& v) {
   return d;
 }
 
+void CheckShape(const std::string& where, const std::string& what, const TensorDesc& d,
+                const std::vector<int64_t>& expected, const char* form) {
+  bool ok = d.shape.size() == expected.size();
+  for (size_t k = 0; ok && k < expected.size(); ++k) ok = expected[k] < 0 || d.shape[k] == expected[k];
+  if (!ok)
+    Fail(where, what + " has shape " + ShapeToString(d.shape) + ", expected " + form + " = " + ShapeToString(expected) +
+                    " (-1: any)");
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Attributes
 

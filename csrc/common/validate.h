@@ -41,6 +41,11 @@ struct TensorDesc {
 };
 TensorDesc Describe(const Ort::ConstValue& v);
 
+// `what` (e.g. "input qkv") must have shape `expected`, where -1 matches any extent; `form` names the
+// dimensions in the message ("[B, S, num_heads * head_size]").
+void CheckShape(const std::string& where, const std::string& what, const TensorDesc& d,
+                const std::vector<int64_t>& expected, const char* form);
+
 // Attributes. A custom-op schema declares no attribute types, so ORT checks none: an attribute given
 // with the wrong type (scale=1 as an int) would read as absent and silently take its default, so
 // these readers refuse an attribute of the wrong type by name.

@@ -100,11 +100,7 @@ std::string InputLabel(int i) { return std::string("input ") + kInputNames[i]; }
 // shape must equal `expected`, where -1 matches any extent; `form` names the dimensions.
 void CheckShape(const std::string& where, int i, const TensorDesc& d, const std::vector<int64_t>& expected,
                 const char* form) {
-  bool ok = d.shape.size() == expected.size();
-  for (size_t k = 0; ok && k < expected.size(); ++k) ok = expected[k] < 0 || d.shape[k] == expected[k];
-  if (!ok)
-    Fail(where, InputLabel(i) + " has shape " + ShapeToString(d.shape) + ", expected " + form + " = " +
-                    ShapeToString(expected) + " (-1: any)");
+  ort_mtp::CheckShape(where, InputLabel(i), d, expected, form);
 }
 
 void CheckType(const std::string& where, int i, const TensorDesc& d, GdnType type, bool or_float32) {

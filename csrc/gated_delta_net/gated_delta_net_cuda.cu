@@ -48,6 +48,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/cuda_numeric.cuh"
 #include "gated_delta_net/gated_delta_net.h"
 
 namespace ort_mtp {
@@ -82,22 +83,9 @@ struct GdnParams {
   bool pair_access;  // dv even and the recurrent state buffers aligned for 2-element accesses
 };
 
-__device__ __forceinline__ float ToF(float v) { return v; }
-__device__ __forceinline__ float ToF(__half v) { return __half2float(v); }
-__device__ __forceinline__ float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
-// v rounded to T (the value a T tensor would hold), as float.
-template <typename T>
-__device__ __forceinline__ float RoundTo(float v) { return ToF(FromF<T>(v)); }
+using cuda::FromF;
+using cuda::ToF;
+using cuda::RoundTo;
 
 __device__ __forceinline__ float LoadAny(const void* p, int type, int i) {
   switch (type) {
