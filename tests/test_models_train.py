@@ -86,6 +86,11 @@ def test_folder_rules(tmp_path, run):
     with pytest.raises(TrainError, match="unknown shape"):
         train(tmp_path / "new", TrainOptions(shape="huge"))
     assert not (tmp_path / "new").exists()
+    with pytest.raises(TrainError, match="exists and is not empty|not empty"):
+        export_checkpoint(run, other)  # a folder with files in it is never written into
+    assert [p.name for p in other.iterdir()] == ["genai_config.json"]
+    with pytest.raises(TrainError, match="inside the source folder"):
+        export_checkpoint(run, run / "hf")
 
 
 def test_exported_checkpoint_converts_and_runs(run, tmp_path):

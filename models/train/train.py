@@ -353,10 +353,16 @@ def export_checkpoint(run: Path, hf_dir: Path) -> Path:
         raise TrainError(f"{run}: the weights lack {missing[0]} (and {len(missing) - 1} more)")
     state.update(target)
     model.load_state_dict(state)
-    hf_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(hf_dir)
-    save_file({k: v.to(torch.float32).contiguous() for k, v in weights.items() if k.startswith("mtp.")},
-              str(hf_dir / "mtp.safetensors"))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(run / name, hf_dir / name)
+    from ops.staging import OutputError, check_output, staged_folder
+
+    try:
+        check_output(hf_dir, run)  # never into the run folder, nor through a link
+        with staged_folder(hf_dir) as staging:  # a new or empty folder, written whole or not at all
+            model.save_pretrained(staging)
+            save_file({k: v.to(torch.float32).contiguous() for k, v in weights.items() if k.startswith("mtp.")},
+                      str(staging / "mtp.safetensors"))
+            for name in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copyfile(run / name, staging / name)
+    except OutputError as e:
+        raise TrainError(str(e)) from None
     return hf_dir
