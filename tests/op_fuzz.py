@@ -557,7 +557,7 @@ def run_group_query_attention(case: dict, provider: str) -> str:
             input_dtypes[name] = "float64" if name != "seqlens_k" else "int64"
             feeds[name] = feeds[name].astype(input_dtypes[name])
         elif m == "output_dtype":
-            output_dtypes[str(rng.choice(outputs))] = str(rng.choice(["float64", "uint8"]))
+            output_dtypes[str(rng.choice(gqa.OUTPUTS))] = str(rng.choice(["float64", "uint8"]))
         elif m == "drop_input":
             inputs = inputs[:int(rng.integers(1, len(inputs)))]
         elif m == "drop_output":
