@@ -44,6 +44,39 @@ struct Features {
   std::vector<float> g, beta;  // [B, S, Hv]
 };
 
+// One token of the gated delta rule on a [dk, dv] state in double:
+//   S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q    (every sum over i in ascending order)
+// Each loop runs over the columns j innermost, so the compiler vectorises it across columns without
+// changing any element's order of operations; this file is compiled with -ffp-contract=off (CMakeLists),
+// so no multiply-add is fused either: every clone below computes the same bits as the scalar code, and
+// the one the CPU supports (AVX-512, AVX2, or baseline x86-64) is picked at load time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+void DeltaRuleStep(double* state, double* r, double* o, const float* q, const float* k, const float* v, double decay,
+                   double beta, int64_t dk, int64_t dv) {
+  const int64_t block = dk * dv;
+  for (int64_t e = 0; e < block; ++e) state[e] *= decay;
+  for (int64_t j = 0; j < dv; ++j) r[j] = 0.0;
+  for (int64_t i = 0; i < dk; ++i) {
+    const double ki = k[i];
+    const double* row = state + i * dv;
+    for (int64_t j = 0; j < dv; ++j) r[j] += row[j] * ki;
+  }
+  for (int64_t j = 0; j < dv; ++j) r[j] = beta * (v[j] - r[j]);  // r is now the update delta
+  for (int64_t i = 0; i < dk; ++i) {
+    const double ki = k[i];
+    double* row = state + i * dv;
+    for (int64_t j = 0; j < dv; ++j) row[j] += ki * r[j];
+  }
+  for (int64_t j = 0; j < dv; ++j) o[j] = 0.0;
+  for (int64_t i = 0; i < dk; ++i) {
+    const double qi = q[i];
+    const double* row = state + i * dv;
+    for (int64_t j = 0; j < dv; ++j) o[j] += qi * row[j];
+  }
+}
+
 template <typename T>
 class Kernel {
  public:
@@ -164,17 +197,7 @@ class Kernel {
       const float* v = &f_.v[row * p_.value_dim() + h * dv];
       const double decay = std::exp(static_cast<double>(f_.g[row * p_.num_v_heads + h]));
       const double beta = f_.beta[row * p_.num_v_heads + h];
-      // S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q  (sums in ascending i)
-      for (int64_t e = 0; e < block; ++e) state[e] *= decay;
-      std::fill(r.begin(), r.end(), 0.0);
-      for (int64_t i = 0; i < dk; ++i)
-        for (int64_t j = 0; j < dv; ++j) r[j] += state[i * dv + j] * k[i];
-      for (int64_t j = 0; j < dv; ++j) r[j] = beta * (v[j] - r[j]);  // r is now the update delta
-      for (int64_t i = 0; i < dk; ++i)
-        for (int64_t j = 0; j < dv; ++j) state[i * dv + j] += k[i] * r[j];
-      std::fill(o.begin(), o.end(), 0.0);
-      for (int64_t i = 0; i < dk; ++i)
-        for (int64_t j = 0; j < dv; ++j) o[j] += q[i] * state[i * dv + j];
+      DeltaRuleStep(state.data(), r.data(), o.data(), q, k, v, decay, beta, dk, dv);
       GatedRmsNorm(row, h, o.data());
       // The state as stored between calls: the next token starts from exactly that.
       const int64_t slot = t - (p_.seq - p_.slots);
