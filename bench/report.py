@@ -54,9 +54,16 @@ def run_meta(folder: str) -> dict:
     return {"folder": folder, "revision": m.group(1), "gemv_version": version.group(1) if version else None}
 
 
+DEFAULT_MODEL = RESULTS / "cpu" / "default_model.json"  # bench/default_model.py: the README's quick-start table
+
+
 def load() -> dict:
-    """role -> {"folder", "revision", "gemv_version", "json"} for every role in RUNS."""
+    """role -> {"folder", "revision", "gemv_version", "json"} for every role in RUNS, and
+    "default_model" -> bench/default_model.py's JSON."""
     data = {}
+    if not DEFAULT_MODEL.is_file():
+        raise ReportError(f"{DEFAULT_MODEL.relative_to(ROOT)} not found")
+    data["default_model"] = {"json": json.loads(DEFAULT_MODEL.read_text())}
     for role, (folder, name) in RUNS.items():
         path = RESULTS / folder / name
         if not path.is_file():
@@ -370,7 +377,19 @@ def wrap(block: str, width: int = 100) -> str:
     return "\n".join(out)
 
 
-SECTIONS = {"measured": measured, "m8": m8_ratio, "ort_m2": ort_m2}
+def default_model_table(data: dict) -> str:
+    """The trained default model on held-out files (bench/default_model.py)."""
+    modes = data["default_model"]["json"]["modes"]
+    ks = [name for name in modes if name != "greedy"]
+    rows = [["acceptance (accepted / drafted)", "-"] + [f"{modes[k]['acceptance_mean']:.2f}" for k in ks],
+            ["tokens per round", "1"] + [f"{modes[k]['tokens_per_round_mean']:.2f}" for k in ks],
+            ["MTP == greedy (prompts)", "-"] + [f"{modes[k]['same_as_greedy']}/{modes[k]['prompts']}" for k in ks],
+            ["tok/s, CPU (median over prompts)"] + [f"{modes[m]['tok_s_median']:.0f}" for m in ["greedy", *ks]]]
+    header = ["", "greedy"] + [f"MTP k={k[len('mtp_k'):]}" if i == 0 else f"k={k[len('mtp_k'):]}" for i, k in enumerate(ks)]
+    return "\n" + table(header, rows) + "\n"
+
+
+SECTIONS = {"measured": measured, "m8": m8_ratio, "ort_m2": ort_m2, "default_model": default_model_table}
 MARKER = re.compile(r"(<!-- report:(\w+)[^>]*-->)(.*?)(<!-- /report:\2 -->)", re.S)
 
 
