@@ -677,15 +677,18 @@ def _has_our_nodes(model: onnx.ModelProto) -> bool:
     return any(n.domain == DOMAIN and n.op_type == MATMUL_NBITS for n in model.graph.node)
 
 
+def _none_rewritten(blocks: BlockReport, what: str) -> str:
+    """Why none of a model's `what` (its blocks or nodes of one kind, blocks.total > 0) was rewritten."""
+    if blocks.kept:
+        name, why = blocks.kept[0]
+        return f"none of its {blocks.total} {what} can be rewritten ({len(blocks.kept)} kept, e.g. {name!r}: {why})"
+    return f"the include/exclude patterns select none of its {blocks.total} {what}"
+
+
 def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str:
     if kinds == (ATTENTION,):
-        nodes = report.attention
-        if nodes.kept:
-            name, why = nodes.kept[0]
-            return (f"{source}: none of its {nodes.total} GroupQueryAttention nodes can be rewritten "
-                    f"({len(nodes.kept)} kept, e.g. {name!r}: {why})")
-        if nodes.total:
-            return f"{source}: the include/exclude patterns select none of its {nodes.total} GroupQueryAttention nodes"
+        if report.attention.total:
+            return f"{source}: {_none_rewritten(report.attention, 'GroupQueryAttention nodes')}"
         return f"{source} has no com.microsoft GroupQueryAttention node"
     kinds = tuple(k for k in kinds if k != ATTENTION)  # the messages below are about the other kinds
     blocks = report.linear_attention
@@ -693,12 +696,7 @@ def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str
         return f"{source} has no linear-attention block (com.microsoft LinearAttention node)"
     if blocks.total:
         matmuls = len(report.unsupported) + report.filtered_out
-        if blocks.kept:
-            name, why = blocks.kept[0]
-            la = (f"none of its {blocks.total} linear-attention blocks can be rewritten "
-                  f"({len(blocks.kept)} kept, e.g. {name!r}: {why})")
-        else:
-            la = f"the include/exclude patterns select none of its {blocks.total} linear-attention blocks"
+        la = _none_rewritten(blocks, "linear-attention blocks")
         if MATMUL not in kinds:
             return f"{source}: {la}"
         if report.unsupported:

@@ -36,15 +36,6 @@ constexpr const char* kOutputNames[kOutputCount] = {"output", "present_key", "pr
 constexpr int64_t kMaxHeads = 1 << 14;
 constexpr int64_t kMaxLength = int64_t{1} << 31;
 
-ONNXTensorElementDataType OnnxType(GqaType t) {
-  switch (t) {
-    case GqaType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    case GqaType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case GqaType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-  }
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-}
-
 struct Attrs {
   int64_t num_heads = 0, kv_num_heads = 0, local_window = -1;
   float scale = 0.f, softcap = 0.f;
@@ -83,7 +74,7 @@ void CheckShape(const std::string& where, int i, const TensorDesc& d, const std:
   ort_mtp::CheckShape(where, InputLabel(i), d, expected, form);
 }
 
-Dims CheckInputs(const std::string& where, const Attrs& at, GqaType type, const InputDescs& in) {
+Dims CheckInputs(const std::string& where, const Attrs& at, FloatType type, const InputDescs& in) {
   for (int i = 0; i < kInputCount; ++i) {
     if (!in[i].present) Fail(where, InputLabel(i) + " is required");
     const ONNXTensorElementDataType want =
@@ -115,7 +106,7 @@ Dims CheckInputs(const std::string& where, const Attrs& at, GqaType type, const 
 
 template <bool kCuda>
 struct GroupQueryAttentionKernel {
-  GroupQueryAttentionKernel(const OrtKernelInfo* raw_info, GqaType type) : type_(type) {
+  GroupQueryAttentionKernel(const OrtKernelInfo* raw_info, FloatType type) : type_(type) {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
     attrs_ = ReadAttrs(info, where_);
@@ -135,13 +126,7 @@ struct GroupQueryAttentionKernel {
   }
 
   void CheckOutput(int i, const Ort::UnownedValue& out, const std::vector<int64_t>& shape) const {
-    auto info = out.GetTensorTypeAndShapeInfo();
-    if (info.GetElementType() != OnnxType(type_))
-      Fail(where_, std::string("output ") + kOutputNames[i] + " is declared " + TypeName(info.GetElementType()) +
-                       " but the op computes " + TypeName(OnnxType(type_)));
-    if (info.GetShape() != shape)
-      Fail(where_, std::string("output ") + kOutputNames[i] + " has shape " + ShapeToString(info.GetShape()) +
-                       ", expected " + ShapeToString(shape));
+    ort_mtp::CheckOutput(where_, std::string("output ") + kOutputNames[i], out, OnnxType(type_), shape);
   }
 
   void Compute(OrtKernelContext* raw_ctx) {
@@ -236,10 +221,10 @@ struct GroupQueryAttentionKernel {
 
   std::string where_;
   Attrs attrs_;
-  GqaType type_;
+  FloatType type_;
 };
 
-template <GqaType kType, bool kCuda>
+template <FloatType kType, bool kCuda>
 struct GroupQueryAttentionOp
     : Ort::CustomOpBase<GroupQueryAttentionOp<kType, kCuda>, GroupQueryAttentionKernel<kCuda>, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
@@ -270,18 +255,18 @@ struct GroupQueryAttentionOp
 // driver's CUDA graphs; until it has, CUDA models keep ORT's node (the rewrite asks the library,
 // ops/attention.py).
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  static GroupQueryAttentionOp<GqaType::kFloat32, false> cpu_f32;
-  static GroupQueryAttentionOp<GqaType::kFloat16, false> cpu_f16;
-  static GroupQueryAttentionOp<GqaType::kBFloat16, false> cpu_bf16;
+  static GroupQueryAttentionOp<FloatType::kFloat32, false> cpu_f32;
+  static GroupQueryAttentionOp<FloatType::kFloat16, false> cpu_f16;
+  static GroupQueryAttentionOp<FloatType::kBFloat16, false> cpu_bf16;
   domain.Add(&cpu_f32);
   domain.Add(&cpu_f16);
   domain.Add(&cpu_bf16);
 #ifdef ORT_MTP_WITH_CUDA
   const char* opt_in = std::getenv("ORT_MTP_GQA_CUDA");
   if (with_cuda && opt_in != nullptr && std::string(opt_in) == "1") {
-    static GroupQueryAttentionOp<GqaType::kFloat32, true> cuda_f32;
-    static GroupQueryAttentionOp<GqaType::kFloat16, true> cuda_f16;
-    static GroupQueryAttentionOp<GqaType::kBFloat16, true> cuda_bf16;
+    static GroupQueryAttentionOp<FloatType::kFloat32, true> cuda_f32;
+    static GroupQueryAttentionOp<FloatType::kFloat16, true> cuda_f16;
+    static GroupQueryAttentionOp<FloatType::kBFloat16, true> cuda_bf16;
     domain.Add(&cuda_f32);
     domain.Add(&cuda_f16);
     domain.Add(&cuda_bf16);

@@ -10,9 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ort_mtp {
+#include "common/float_type.h"
 
-enum class GqaType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+namespace ort_mtp {
 
 struct GroupQueryAttentionProblem {
   int64_t batch = 0;        // B
@@ -27,7 +27,7 @@ struct GroupQueryAttentionProblem {
   float softcap = 0.f;        // > 0: scores = softcap * tanh(scores / softcap)
   int64_t local_window = -1;  // > 0: a row sees only the last local_window positions, its own included
   bool smooth_softmax = false;  // the softmax's denominator also counts a logit 0 (exp(-max))
-  GqaType type = GqaType::kFloat32;
+  FloatType type = FloatType::kFloat32;
 
   const void* query = nullptr;   // [B, S, Nq * H]
   const void* key = nullptr;     // [B, S, Nkv * H]

@@ -115,9 +115,9 @@ void Run(const GroupQueryAttentionProblem& p, GqaParallelFor parallel_for, void*
 void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, GqaParallelFor parallel_for,
                             void* parallel_context) {
   switch (p.type) {
-    case GqaType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
-    case GqaType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case GqaType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
   }
 }
 

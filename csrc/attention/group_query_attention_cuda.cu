@@ -225,9 +225,9 @@ const char* GroupQueryAttentionCuda(const GroupQueryAttentionProblem& p, void* s
   prm.smooth_softmax = p.smooth_softmax;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.type) {
-    case GqaType::kFloat32: return Launch<float>(p, prm, s);
-    case GqaType::kFloat16: return Launch<__half>(p, prm, s);
-    case GqaType::kBFloat16: return Launch<__nv_bfloat16>(p, prm, s);
+    case FloatType::kFloat32: return Launch<float>(p, prm, s);
+    case FloatType::kFloat16: return Launch<__half>(p, prm, s);
+    case FloatType::kBFloat16: return Launch<__nv_bfloat16>(p, prm, s);
   }
   return "internal error: unknown element type";
 }

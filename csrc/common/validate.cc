@@ -27,6 +27,15 @@ int64_t ElementCount(const std::vector<int64_t>& shape) {
   return n;
 }
 
+ONNXTensorElementDataType OnnxType(FloatType t) {
+  switch (t) {
+    case FloatType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+    case FloatType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+    case FloatType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
+  }
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+}
+
 const char* TypeName(ONNXTensorElementDataType type) {
   switch (type) {
     case ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT: return "float32";
@@ -82,6 +91,16 @@ void CheckShape(const std::string& where, const std::string& what, const TensorD
   if (!ok)
     Fail(where, what + " has shape " + ShapeToString(d.shape) + ", expected " + form + " = " + ShapeToString(expected) +
                     " (-1: any)");
+}
+
+void CheckOutput(const std::string& where, const std::string& what, const Ort::UnownedValue& out,
+                 ONNXTensorElementDataType type, const std::vector<int64_t>& shape, const std::string& note) {
+  auto info = out.GetTensorTypeAndShapeInfo();
+  if (info.GetElementType() != type)
+    Fail(where, what + " is declared " + TypeName(info.GetElementType()) + " but the op computes " + TypeName(type) +
+                    note);
+  if (info.GetShape() != shape)
+    Fail(where, what + " has shape " + ShapeToString(info.GetShape()) + ", expected " + ShapeToString(shape));
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/float_type.h"
 #include "common/ort.h"
 
 namespace ort_mtp {
@@ -30,6 +31,7 @@ std::string NodeLabel(const char* op, const std::string& node_name);
 std::string ShapeToString(const std::vector<int64_t>& shape);
 int64_t ElementCount(const std::vector<int64_t>& shape);
 const char* TypeName(ONNXTensorElementDataType type);
+ONNXTensorElementDataType OnnxType(FloatType type);
 size_t TypeSize(ONNXTensorElementDataType type);
 
 // Presence, shape and element type of an input (absent: an optional input not given). The ops check
@@ -45,6 +47,11 @@ TensorDesc Describe(const Ort::ConstValue& v);
 // dimensions in the message ("[B, S, num_heads * head_size]").
 void CheckShape(const std::string& where, const std::string& what, const TensorDesc& d,
                 const std::vector<int64_t>& expected, const char* form);
+
+// Output `what` (e.g. "output y", as ORT allocated it from the graph's declaration) must have the
+// element type and shape the op computes; `note` is appended to a type mismatch's message.
+void CheckOutput(const std::string& where, const std::string& what, const Ort::UnownedValue& out,
+                 ONNXTensorElementDataType type, const std::vector<int64_t>& shape, const std::string& note = "");
 
 // Attributes. A custom-op schema declares no attribute types, so ORT checks none: an attribute given
 // with the wrong type (scale=1 as an int) would read as absent and silently take its default, so

@@ -38,15 +38,6 @@ constexpr int64_t kMaxHeadDim = 1 << 16;
 constexpr int64_t kMaxKernel = 256;
 constexpr int64_t kMaxStateWindow = 64;
 
-ONNXTensorElementDataType OnnxType(GdnType t) {
-  switch (t) {
-    case GdnType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    case GdnType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case GdnType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-  }
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-}
-
 struct Attrs {
   int64_t hk = 0, hv = 0, dk = 0, dv = 0, window = 0;
   float scale = 0.f, epsilon = 0.f, l2norm_epsilon = 0.f;
@@ -57,17 +48,17 @@ struct Attrs {
 
 // 1/sqrt(dk) as the builder's q_scaled constant holds it: computed in double, rounded to float32
 // and then to T.
-float DefaultScale(int64_t dk, GdnType type) {
+float DefaultScale(int64_t dk, FloatType type) {
   const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(dk)));
   switch (type) {
-    case GdnType::kFloat32: return s;
-    case GdnType::kFloat16: return Ort::Float16_t(s).ToFloat();
-    case GdnType::kBFloat16: return Ort::BFloat16_t(s).ToFloat();
+    case FloatType::kFloat32: return s;
+    case FloatType::kFloat16: return Ort::Float16_t(s).ToFloat();
+    case FloatType::kBFloat16: return Ort::BFloat16_t(s).ToFloat();
   }
   return s;
 }
 
-Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where, GdnType type) {
+Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where, FloatType type) {
   Attrs a;
   a.hk = IntAttr(info, where, "num_k_heads", 1, kMaxHeads);
   a.hv = IntAttr(info, where, "num_v_heads", 1, kMaxHeads);
@@ -103,15 +94,15 @@ void CheckShape(const std::string& where, int i, const TensorDesc& d, const std:
   ort_mtp::CheckShape(where, InputLabel(i), d, expected, form);
 }
 
-void CheckType(const std::string& where, int i, const TensorDesc& d, GdnType type, bool or_float32) {
+void CheckType(const std::string& where, int i, const TensorDesc& d, FloatType type, bool or_float32) {
   const ONNXTensorElementDataType t = OnnxType(type);
   if (d.type == t || (or_float32 && d.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT)) return;
   Fail(where, InputLabel(i) + " is " + TypeName(d.type) + ", expected " + TypeName(t) +
-                  (or_float32 && type != GdnType::kFloat32 ? " or float32" : ""));
+                  (or_float32 && type != FloatType::kFloat32 ? " or float32" : ""));
 }
 
 // Checks every present input; returns the extents they fix.
-Dims CheckInputs(const std::string& where, const Attrs& at, GdnType type, const InputDescs& in) {
+Dims CheckInputs(const std::string& where, const Attrs& at, FloatType type, const InputDescs& in) {
   Dims d;
   const int64_t C = at.conv_dim(), W = at.window;
   for (int i = 0; i < kInputCount; ++i) {
@@ -154,8 +145,8 @@ Dims CheckInputs(const std::string& where, const Attrs& at, GdnType type, const 
   return d;
 }
 
-GdnType StateType(ONNXTensorElementDataType t, GdnType type) {
-  return t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? GdnType::kFloat32 : type;  // CheckType admitted T or float32
+FloatType StateType(ONNXTensorElementDataType t, FloatType type) {
+  return t == ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT ? FloatType::kFloat32 : type;  // CheckType admitted T or float32
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -163,7 +154,7 @@ GdnType StateType(ONNXTensorElementDataType t, GdnType type) {
 
 template <bool kCuda>
 struct GatedDeltaNetKernel {
-  GatedDeltaNetKernel(const OrtKernelInfo* raw_info, GdnType type) : type_(type) {
+  GatedDeltaNetKernel(const OrtKernelInfo* raw_info, FloatType type) : type_(type) {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
     attrs_ = ReadAttrs(info, where_, type_);
@@ -205,14 +196,8 @@ struct GatedDeltaNetKernel {
   // writes. Every output must have the type and shape the op computes.
   void CheckOutput(int i, const Ort::UnownedValue& out, ONNXTensorElementDataType type,
                    const std::vector<int64_t>& shape) const {
-    auto info = out.GetTensorTypeAndShapeInfo();
-    if (info.GetElementType() != type)
-      Fail(where_, std::string("output ") + kOutputNames[i] + " is declared " + TypeName(info.GetElementType()) +
-                       " but the op computes " + TypeName(type) +
-                       (i == kPresentRecurrent ? " (present_recurrent has past_recurrent's type)" : ""));
-    if (info.GetShape() != shape)
-      Fail(where_, std::string("output ") + kOutputNames[i] + " has shape " + ShapeToString(info.GetShape()) +
-                       ", expected " + ShapeToString(shape));
+    ort_mtp::CheckOutput(where_, std::string("output ") + kOutputNames[i], out, type, shape,
+                         i == kPresentRecurrent ? " (present_recurrent has past_recurrent's type)" : "");
   }
 
   void Compute(OrtKernelContext* raw_ctx) {
@@ -298,13 +283,13 @@ struct GatedDeltaNetKernel {
 
   std::string where_;
   Attrs attrs_;
-  GdnType type_;
+  FloatType type_;
 };
 
 // One class per (T, gate parameter type): dt_bias and neg_exp_A are both float32 (the builder's) or
 // both T. past_recurrent is the schema's one dynamically typed input (T or float32, checked per call),
 // so ORT gives present_recurrent its type; every other input and output is typed.
-template <GdnType kType, GdnType kGateType, bool kCuda>
+template <FloatType kType, FloatType kGateType, bool kCuda>
 struct GatedDeltaNetOp
     : Ort::CustomOpBase<GatedDeltaNetOp<kType, kGateType, kCuda>, GatedDeltaNetKernel<kCuda>, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
@@ -336,7 +321,7 @@ struct GatedDeltaNetOp
 
 // The CPU classes always; the CUDA classes in a CUDA build (as MatMulNBits' and CopySlots').
 void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  constexpr GdnType f32 = GdnType::kFloat32, f16 = GdnType::kFloat16, bf16 = GdnType::kBFloat16;
+  constexpr FloatType f32 = FloatType::kFloat32, f16 = FloatType::kFloat16, bf16 = FloatType::kBFloat16;
   static GatedDeltaNetOp<f32, f32, false> cpu_f32;
   static GatedDeltaNetOp<f16, f32, false> cpu_f16;
   static GatedDeltaNetOp<f16, f16, false> cpu_f16_f16_gates;

@@ -14,9 +14,9 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ort_mtp {
+#include "common/float_type.h"
 
-enum class GdnType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+namespace ort_mtp {
 
 struct GatedDeltaNetProblem {
   int64_t batch = 0;        // B
@@ -33,10 +33,10 @@ struct GatedDeltaNetProblem {
   float scale = 1.f;           // q multiplier after the l2 norm
   float epsilon = 0.f;         // GatedRMSNorm's
   float l2norm_epsilon = 0.f;  // added to the sum of squares of the q/k l2 norm (0: LpNormalization's)
-  GdnType type = GdnType::kFloat32;        // T: qkv, z, a, b, conv and norm weights, conv state, y
-  GdnType state_type = GdnType::kFloat32;  // the recurrent state: T or float32
-  GdnType dt_bias_type = GdnType::kFloat32;    // T or float32
-  GdnType neg_exp_a_type = GdnType::kFloat32;  // T or float32
+  FloatType type = FloatType::kFloat32;        // T: qkv, z, a, b, conv and norm weights, conv state, y
+  FloatType state_type = FloatType::kFloat32;  // the recurrent state: T or float32
+  FloatType dt_bias_type = FloatType::kFloat32;    // T or float32
+  FloatType neg_exp_a_type = FloatType::kFloat32;  // T or float32
 
   int64_t key_dim() const { return num_k_heads * k_head_dim; }
   int64_t value_dim() const { return num_v_heads * v_head_dim; }

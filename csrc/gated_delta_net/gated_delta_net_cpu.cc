@@ -23,11 +23,11 @@ using cpu::Rounded;
 using cpu::ToDouble;
 
 // Element i of a small parameter vector whose type is known only at run time (dt_bias, neg_exp_A).
-double LoadAny(const void* p, GdnType type, int64_t i) {
+double LoadAny(const void* p, FloatType type, int64_t i) {
   switch (type) {
-    case GdnType::kFloat32: return static_cast<const float*>(p)[i];
-    case GdnType::kFloat16: return ToDouble(static_cast<const Ort::Float16_t*>(p)[i]);
-    case GdnType::kBFloat16: return ToDouble(static_cast<const Ort::BFloat16_t*>(p)[i]);
+    case FloatType::kFloat32: return static_cast<const float*>(p)[i];
+    case FloatType::kFloat16: return ToDouble(static_cast<const Ort::Float16_t*>(p)[i]);
+    case FloatType::kBFloat16: return ToDouble(static_cast<const Ort::BFloat16_t*>(p)[i]);
   }
   return 0.0;
 }
@@ -169,7 +169,7 @@ class Kernel {
 
   // Pass 3 for task (b, h), the recurrent state stored as float32 or as T (the op admits no other).
   void Recurrence(int64_t task) {
-    if (p_.state_type == GdnType::kFloat32)
+    if (p_.state_type == FloatType::kFloat32)
       Head<float>(task);
     else
       Head<T>(task);
@@ -243,9 +243,9 @@ void Run(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* conte
 
 void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* parallel_context) {
   switch (p.type) {
-    case GdnType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
-    case GdnType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case GdnType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
   }
 }
 

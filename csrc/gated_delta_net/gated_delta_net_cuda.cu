@@ -79,7 +79,7 @@ struct GdnParams {
   int hk, hv, dk, dv, kernel, slots;
   int cols, col_blocks;  // state columns per block (a multiple of 8), blocks per (batch, v head)
   float scale, epsilon, l2norm_epsilon;
-  int dt_bias_type, neg_exp_a_type;  // GdnType
+  int dt_bias_type, neg_exp_a_type;  // FloatType
   bool pair_access;  // dv even and the recurrent state buffers aligned for 2-element accesses
 };
 
@@ -89,8 +89,8 @@ using cuda::RoundTo;
 
 __device__ __forceinline__ float LoadAny(const void* p, int type, int i) {
   switch (type) {
-    case static_cast<int>(GdnType::kFloat16): return ToF(static_cast<const __half*>(p)[i]);
-    case static_cast<int>(GdnType::kBFloat16): return ToF(static_cast<const __nv_bfloat16*>(p)[i]);
+    case static_cast<int>(FloatType::kFloat16): return ToF(static_cast<const __half*>(p)[i]);
+    case static_cast<int>(FloatType::kBFloat16): return ToF(static_cast<const __nv_bfloat16*>(p)[i]);
     default: return static_cast<const float*>(p)[i];
   }
 }
@@ -424,7 +424,7 @@ template <typename T>
 const char* Launch(const GatedDeltaNetProblem& p, const GdnParams& prm, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>(p.batch * p.num_v_heads * prm.col_blocks);
   const unsigned threads = static_cast<unsigned>(32 * (prm.cols / 8));
-  if (p.state_type == GdnType::kFloat32) {
+  if (p.state_type == FloatType::kFloat32) {
     LaunchMain<T, float>(prm, blocks, threads, stream);
   } else {
     LaunchMain<T, T>(prm, blocks, threads, stream);
@@ -516,15 +516,15 @@ const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream) {
   prm.l2norm_epsilon = p.l2norm_epsilon;
   prm.dt_bias_type = static_cast<int>(p.dt_bias_type);
   prm.neg_exp_a_type = static_cast<int>(p.neg_exp_a_type);
-  const size_t state_size = p.state_type == GdnType::kFloat32 ? 4 : 2;
+  const size_t state_size = p.state_type == FloatType::kFloat32 ? 4 : 2;
   const uintptr_t state_addresses =
       reinterpret_cast<uintptr_t>(p.past_recurrent) | reinterpret_cast<uintptr_t>(p.present_recurrent);
   prm.pair_access = p.v_head_dim % 2 == 0 && state_addresses % (2 * state_size) == 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.type) {
-    case GdnType::kFloat32: return Launch<float>(p, prm, s);
-    case GdnType::kFloat16: return Launch<__half>(p, prm, s);
-    case GdnType::kBFloat16: return Launch<__nv_bfloat16>(p, prm, s);
+    case FloatType::kFloat32: return Launch<float>(p, prm, s);
+    case FloatType::kFloat16: return Launch<__half>(p, prm, s);
+    case FloatType::kBFloat16: return Launch<__nv_bfloat16>(p, prm, s);
   }
   return "internal error: unknown element type";
 }

@@ -277,6 +277,27 @@ void Int8ScalarQuantize(const float* a, int64_t M, int64_t kp, int bs, int64_t c
                         lane_scale + m * chunks * W, tmp);
 }
 
+// isa.range(job, begin, end) over the job's column groups, split into job.tasks contiguous ranges on
+// ORT's thread pool (or in one call). A group's arithmetic does not depend on the range it is in.
+template <typename Isa, typename Job>
+void RangesOverTasks(const Isa& isa, const Job& job, ParallelFor parallel_for, void* parallel_context) {
+  if (job.tasks == 1) {
+    isa.range(job, 0, job.groups);
+    return;
+  }
+  struct Ctx {
+    const Job* job;
+    const Isa* isa;
+  } ctx{&job, &isa};
+  parallel_for(
+      parallel_context,
+      [](void* user, size_t i) {
+        const Ctx& c = *static_cast<const Ctx*>(user);
+        const int64_t g = c.job->groups, t = c.job->tasks;
+        c.isa->range(*c.job, g * static_cast<int64_t>(i) / t, g * static_cast<int64_t>(i + 1) / t);
+      },
+      static_cast<size_t>(job.tasks), &ctx);
+}
 
 #if ORT_MTP_CPU_X86
 struct FastJob {
@@ -507,22 +528,7 @@ void RunFast(const FastIsa& isa, const MatMulNBitsProblem& p, ParallelFor parall
   if (a_buf.size() < need) a_buf.resize(need);
   isa.widen(j, a_buf.data());
   j.a = a_buf.data();
-  if (j.tasks == 1) {
-    isa.range(j, 0, j.groups);
-    return;
-  }
-  struct Ctx {
-    const FastJob* j;
-    const FastIsa* isa;
-  } ctx{&j, &isa};
-  parallel_for(
-      parallel_context,
-      [](void* user, size_t i) {
-        const Ctx& c = *static_cast<const Ctx*>(user);
-        const int64_t g = c.j->groups, t = c.j->tasks;
-        c.isa->range(*c.j, g * static_cast<int64_t>(i) / t, g * static_cast<int64_t>(i + 1) / t);
-      },
-      static_cast<size_t>(j.tasks), &ctx);
+  RangesOverTasks(isa, j, parallel_for, parallel_context);
 }
 #endif  // ORT_MTP_CPU_X86
 
@@ -610,22 +616,7 @@ void RunInt8(const Int8Isa& isa, const MatMulNBitsProblem& p, ParallelFor parall
   j.qa = qa.data();
   j.lane_sum = lane_sum.data();
   j.lane_scale = lane_scale.data();
-  if (j.tasks == 1) {
-    isa.range(j, 0, j.groups);
-    return;
-  }
-  struct Ctx {
-    const Int8Job* j;
-    const Int8Isa* isa;
-  } ctx{&j, &isa};
-  parallel_for(
-      parallel_context,
-      [](void* user, size_t i) {
-        const Ctx& c = *static_cast<const Ctx*>(user);
-        const int64_t g = c.j->groups, t = c.j->tasks;
-        c.isa->range(*c.j, g * static_cast<int64_t>(i) / t, g * static_cast<int64_t>(i + 1) / t);
-      },
-      static_cast<size_t>(j.tasks), &ctx);
+  RangesOverTasks(isa, j, parallel_for, parallel_context);
 }
 
 }  // namespace
