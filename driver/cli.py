@@ -73,10 +73,11 @@ def build_parser() -> Parser:
     return parser
 
 
-# --mode auto: the mode measured faster on each provider. On the CPU, MTP has been slower than greedy on
-# every model measured (the trained default 761 vs 1448 tok/s at k=3, bench/results/cpu/default_model.json;
-# the small preset 42.6 vs 66.8 at k=1, bench/results/cpu-gemv-int8): a head forward costs about a main one.
-# On CUDA MTP k=3 runs 2x greedy on the 27B-class folder (README, "Measured so far").
+# --mode auto: the mode measured faster on each provider. On a CPU the verify of k+1 tokens costs
+# several decode steps (the kernels are compute-bound past one row on few cores) and a head forward
+# about one more, so MTP has been slower than greedy on every model measured there
+# (bench/results/cpu/default_model.json, bench/results/cpu-gemv-int8); on CUDA a verify costs little
+# more than a decode step and MTP is the faster (README, "Measured so far").
 AUTO_MODE = {"cpu": "greedy", "cuda": "mtp"}
 AUTO_MODE_HELP = "mtp on cuda, greedy on cpu, the faster measured on each"
 

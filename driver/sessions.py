@@ -84,32 +84,26 @@ def rewrites(rewrite) -> tuple[str, ...]:
 def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.ModelProto, ops.rewrite.ModelReport]:
     """A copy of the graph with what `rewrite` asks for on our ops (see the module docstring), for
     `device` (a driver.device object; None: the CPU); returns it and ops.rewrite's report. A
-    linear-attention block that does not fit is logged as a warning; blocks kept because the
-    library lacks the op for the device are logged at INFO."""
+    linear-attention block or attention node that does not fit is logged as a warning; those kept
+    because the library lacks the op for the device are logged at INFO."""
     proto = onnx.ModelProto()
     proto.CopyFrom(spec.proto)
     kinds = rewrites(rewrite)
     if not kinds:
         return proto, ops.rewrite.ModelReport()
-    available = ops.rewrite.gated_delta_net_check(None, getattr(device, "name", "cpu"),
-                                                  getattr(device, "device_id", 0))
+    provider, device_id = getattr(device, "name", "cpu"), getattr(device, "device_id", 0)
     unavailable: set[str] = set()  # the library's answers (not about a block's shape)
 
-    def check(signature):
-        why = available(signature)
-        if why:
-            unavailable.add(why)
-        return why
+    def recorded(available):
+        def check(signature):
+            why = available(signature)
+            if why:
+                unavailable.add(why)
+            return why
+        return check
 
-    attention_available = ops.rewrite.attention_check(None, getattr(device, "name", "cpu"),
-                                                      getattr(device, "device_id", 0))
-
-    def attention(dtype):
-        why = attention_available(dtype)
-        if why:
-            unavailable.add(why)
-        return why
-
+    check = recorded(ops.rewrite.gated_delta_net_check(None, provider, device_id))
+    attention = recorded(ops.rewrite.attention_check(None, provider, device_id))
     report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent,
                                               attention=attention)
     for block, why in report.linear_attention.kept:

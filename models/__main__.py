@@ -77,7 +77,7 @@ def _parser() -> Parser:
 
     r = sub.add_parser("train", help="train (or continue training) a small model with its MTP head on local Python source")
     r.add_argument("--out", required=True, help="run folder: created, or continued from its last checkpoint")
-    r.add_argument("--shape", default="trained-small", help="trained-small (~13M parameters) or train-test")
+    r.add_argument("--shape", default="trained-small", help="trained-small (11M parameters and a 1M head) or train-test (a few hundred thousand, for tests)")
     r.add_argument("--minutes", type=float, default=10.0, help="stop after this long (default 10); call again to go on")
     r.add_argument("--steps", type=int, default=None, help="stop after this many more steps")
     r.add_argument("--total-steps", type=int, default=20_000, help="length of the schedule (fixed at the first call)")

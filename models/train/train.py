@@ -44,7 +44,8 @@ SHARD_BYTES = 15 * 1024 * 1024  # tensor bytes per shard: with its header a file
 EVAL_WINDOWS = 64  # held-out windows per evaluation (fixed: the same every time)
 
 SHAPES = {
-    # ~13M parameters: 6 Gated DeltaNet + 2 gated attention layers (3:1), untied embedding and lm_head.
+    # About 11M parameters (and a 1M head): 6 Gated DeltaNet + 2 gated attention layers (3:1), untied
+    # embedding and lm_head.
     "trained-small": Qwen35Shape(
         name="trained-small", hidden_size=256, num_hidden_layers=8, intermediate_size=768,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, linear_num_key_heads=4,
