@@ -47,6 +47,22 @@ def test_e2e_script_dry_run(tiny_folder, tmp_path):
                 assert entry["first_difference_from_greedy"] is None
 
 
+def test_group_query_attention_bench_dry_run(tmp_path):
+    """bench/group_query_attention.py on the CPU EP (tiny shapes): every case is timed for both
+    implementations, and our op's output agrees with ORT's node on the same inputs."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "group_query_attention.py"), "--cpu-dry-run",
+                           "--reps", "3", "--calls", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "group_query_attention.json").read_text())
+    assert report["errors"] == []
+    table = report["table_us"]
+    assert {"S=1", "S=8", "S=16"} <= set(table) and any(name.startswith("prefill") for name in table)
+    for name, row in table.items():
+        assert row["ours"] > 0 and row["ort"] > 0, name
+        assert row["output_max_diff_over_max_ort"] < 1e-3, (name, row)
+
+
 def test_device_script_dry_run(tmp_path):
     """The models presets only: the onnxruntime-genai fixtures come from `prepare` (torch), and a
     missing one is reported, not fatal."""
