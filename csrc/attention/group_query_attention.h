@@ -54,11 +54,12 @@ void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, GqaParallelFor 
                             void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
-// The CUDA kernel (group_query_attention_cuda.cu): the cache rows, then one block per (batch, q head,
-// query row) over the row's positions in fixed chunks, float32, every order fixed by the row's own
-// positions (a width-S call bit-identical to S width-1 calls). seqlens_k is read on the device: a row
+// The CUDA kernel (group_query_attention_cuda.cu): the cache rows, then the attention split over fixed
+// 64-position chunks of the cache and combined in a fixed order, float32, every order fixed by the row's
+// own positions (a width-S call bit-identical to S width-1 calls). seqlens_k is read on the device: a row
 // outside the cache gets NaN outputs, nothing written out of bounds. Launches on `stream`; no host
-// synchronisation, no allocation; returns nullptr on success, else what failed.
+// synchronisation; the scratch of partials is allocated on a stream's first call (and when a larger
+// shape needs more), never inside a CUDA graph capture; returns nullptr on success, else what failed.
 const char* GroupQueryAttentionCuda(const GroupQueryAttentionProblem& p, void* stream);
 // nullptr when the CUDA kernel takes this head size (1..256), else why not.
 const char* GroupQueryAttentionCudaUnsupported(int64_t head_size);
