@@ -251,11 +251,11 @@ struct GroupQueryAttentionOp
 }  // namespace
 
 // The CPU classes always. The CUDA classes in a CUDA build only when ORT_MTP_GQA_CUDA=1: the kernel passes
-// its GPU group (tests/gpu, group-query-attention; width S bit-identical to S width-1 calls), but against
-// ORT's node it is 1.8x slower at S=1, faster at S=2..4, up to 3x slower at S=16 and ~140x at a
-// 2,048-token prefill (bench/group_query_attention.py, bench/results/2026-12-02-gqa-cuda-split). Until
-// S=1 and the prefill are at ORT's, CUDA models keep ORT's node (the rewrite asks the library which
-// kernels it has, ops/attention.py).
+// its GPU group (tests/gpu, group-query-attention; width S bit-identical to S width-1 calls), also under
+// memcheck, and is faster than ORT's node at S=2..7, but 1.4x slower at S=1 and ~90x at a 2,048-token
+// prefill (bench/group_query_attention.py, bench/results/2026-12-02-gqa-cuda-lane-per-key). Until S=1
+// and the prefill are at ORT's, CUDA models keep ORT's node (the rewrite asks the library which kernels
+// it has, ops/attention.py).
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   static GroupQueryAttentionOp<FloatType::kFloat32, false> cpu_f32;
   static GroupQueryAttentionOp<FloatType::kFloat16, false> cpu_f16;

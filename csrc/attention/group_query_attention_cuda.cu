@@ -93,10 +93,9 @@ __global__ void __launch_bounds__(kFillThreads) FillKernel(const GqaParams p) {
 
 // ---- the attention: a split over fixed chunks of kChunk cache positions (flash-decoding) ----
 //
-// Scores of one (query row, key) pair: lane l of a warp holds the row's features l F .. l F + F - 1
-// (F = kFrag: head sizes up to 32 F, the rest zero), multiplies them with the key's in ascending order in
-// one float32 fma chain, and the 32 partial sums are added by the xor butterfly 16, 8, 4, 2, 1 (every lane
-// ends with the same bits: each addition's two operands are the same pair on both lanes). A chunk's
+// Scores of one (query row, key) pair: one lane takes the key's features in ascending order, feature f
+// into float32 fma chain f % 4, the chains added as (c0 + c1) + (c2 + c3) (features past the head size are
+// zero on both sides). A chunk's
 // partial for the row: m = the max of its scores, l = the sum of exp(score - m) (each lane's two slots,
 // then the butterfly), acc[f] = sum over its keys in ascending position of exp(score - m) v[f]. The
 // combine: M = max over the row's chunks of m, L = sum over chunks in ascending order of l exp(m - M),
@@ -157,7 +156,7 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// Grid: (chunks, batch * kv heads); kAttendWarps warps; dynamic shared memory: the chunk's keys and
+// Grid: (chunks, batch * kv heads); kAttendWarps warps; dynamic shared memory: the chunk's keys (rows padded by 16 bytes) and
 // values, kChunk rows of 32 F elements each (features past the head size zero). Block (c, b, g) loads the
 // chunk's positions that some row of the pass attends to, then each warp takes (row, q head) pairs of
 // kv head g's group and writes their partials.
@@ -165,8 +164,13 @@ template <typename T, int F>
 __global__ void __launch_bounds__(kAttendWarps * 32) AttendKernel(const GqaParams p, const PassParams pass) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int HP = 32 * F;
+  constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
+  constexpr int KS = HP + kVec;         // a key row's stride: padded so that lanes reading rows j, j+1 .. hit
+                                        // different banks
   T* ks = reinterpret_cast<T*>(smem_raw);
-  T* vs = ks + kChunk * HP;
+  T* vs = ks + kChunk * KS;
+  float* qs = reinterpret_cast<float*>(vs + kChunk * HP);  // [warps][HP]: each warp's query row
+  float* ws = qs + kAttendWarps * HP;                       // [warps][kChunk]: each warp's weights
   const int64_t c = blockIdx.x, bg = blockIdx.y;
   const int64_t b = bg / p.kv_num_heads, g = bg % p.kv_num_heads;
   const int H = p.head_size, group = p.num_heads / p.kv_num_heads;
@@ -184,13 +188,12 @@ __global__ void __launch_bounds__(kAttendWarps * 32) AttendKernel(const GqaParam
   const T* keys = static_cast<const T*>(p.present_key) + bg * p.present_len * H;
   const T* values = static_cast<const T*>(p.present_value) + bg * p.present_len * H;
   const int t = threadIdx.x;
-  constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
   if (H == HP && HP % kVec == 0) {      // rows are whole 16-byte vectors (the cache's rows are 16-byte aligned)
     for (int e = t * kVec; e < kChunk * HP; e += blockDim.x * kVec) {
       const int64_t pos = c_lo + e / HP;
       const bool in = pos >= key_lo && pos <= key_hi;
       const uint4 zero = make_uint4(0, 0, 0, 0);
-      *reinterpret_cast<uint4*>(ks + e) = in ? *reinterpret_cast<const uint4*>(keys + pos * H + e % HP) : zero;
+      *reinterpret_cast<uint4*>(ks + (e / HP) * KS + e % HP) = in ? *reinterpret_cast<const uint4*>(keys + pos * H + e % HP) : zero;
       *reinterpret_cast<uint4*>(vs + e) = in ? *reinterpret_cast<const uint4*>(values + pos * H + e % HP) : zero;
     }
   } else {
@@ -198,7 +201,7 @@ __global__ void __launch_bounds__(kAttendWarps * 32) AttendKernel(const GqaParam
       const int j = e / HP, f = e % HP;
       const int64_t pos = c_lo + j;
       const bool in = pos >= key_lo && pos <= key_hi && f < H;
-      ks[e] = in ? keys[pos * H + f] : FromF<T>(0.f);
+      ks[j * KS + f] = in ? keys[pos * H + f] : FromF<T>(0.f);
       vs[e] = in ? values[pos * H + f] : FromF<T>(0.f);
     }
   }
@@ -215,49 +218,51 @@ __global__ void __launch_bounds__(kAttendWarps * 32) AttendKernel(const GqaParam
     const int jhi = static_cast<int>((last < c_lo + kChunk - 1 ? last : c_lo + kChunk - 1) - c_lo);
 
     const T* qrow = static_cast<const T*>(p.query) + ((b * p.seq + s) * p.num_heads + h) * H;
-    float q[F];
+    float* q = qs + warp * HP;
 #pragma unroll
-    for (int i = 0; i < F; ++i) q[i] = lane * F + i < H ? ToF(qrow[lane * F + i]) : 0.f;
+    for (int i = 0; i < F; ++i) q[lane * F + i] = lane * F + i < H ? ToF(qrow[lane * F + i]) : 0.f;
+    __syncwarp();
 
+    // Lane l scores keys l and l + 32 (slot 0 and 1): feature f goes to chain f % 4, the chains added as
+    // (c0 + c1) + (c2 + c3).
     float score[kSlots];
 #pragma unroll
-    for (int slot = 0; slot < kSlots; ++slot) score[slot] = -INFINITY;
-#pragma unroll  // fully: the slot indices below must be constants (registers, not local memory)
-    for (int j = 0; j < kChunk; ++j) {
-      float k[F];
-      LoadFrag<T, F>(ks + j * HP + lane * F, k);
-      float dot = 0.f;
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const int j = lane + 32 * slot;
+      const T* krow = ks + j * KS;
+      float chain[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+      for (int f0 = 0; f0 < HP; f0 += kVec) {
+        float k[kVec];
+        LoadFrag<T, kVec>(krow + f0, k);
 #pragma unroll
-      for (int i = 0; i < F; ++i) dot = __fmaf_rn(q[i], k[i], dot);
-      dot = WarpSum(dot);
+        for (int i = 0; i < kVec; ++i) chain[i % 4] = __fmaf_rn(q[f0 + i], k[i], chain[i % 4]);
+      }
+      const float dot = __fadd_rn(__fadd_rn(chain[0], chain[1]), __fadd_rn(chain[2], chain[3]));
       float sc = __fmul_rn(dot, p.scale);
       if (p.softcap > 0.f) sc = __fmul_rn(p.softcap, tanhf(__fdiv_rn(sc, p.softcap)));
-      if (j < jlo || j > jhi) sc = -INFINITY;
-      if ((j & 31) == lane) score[j >> 5] = sc;  // key j's score lives in lane j % 32, slot j / 32
+      score[slot] = j < jlo || j > jhi ? -INFINITY : sc;
     }
     float m = score[0];
 #pragma unroll
     for (int slot = 1; slot < kSlots; ++slot) m = fmaxf(m, score[slot]);
     m = WarpMax(m);  // finite: the row sees at least one key of the chunk
-    float w[kSlots];
+    float* w = ws + warp * kChunk;
     float l = 0.f;
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
-      w[slot] = score[slot] == -INFINITY ? 0.f : expf(__fsub_rn(score[slot], m));
-      l = __fadd_rn(l, w[slot]);
+      const float e = score[slot] == -INFINITY ? 0.f : expf(__fsub_rn(score[slot], m));
+      w[lane + 32 * slot] = e;
+      l = __fadd_rn(l, e);
     }
     l = WarpSum(l);
+    __syncwarp();
 
     float acc[F];
 #pragma unroll
     for (int i = 0; i < F; ++i) acc[i] = 0.f;
-#pragma unroll
-    for (int j = 0; j < kChunk; ++j) {
-      float wj = 0.f;
-#pragma unroll
-      for (int slot = 0; slot < kSlots; ++slot)
-        if ((j >> 5) == slot) wj = __shfl_sync(0xffffffffu, w[slot], j & 31);
-      if (j < jlo || j > jhi) continue;  // positions the row does not see add nothing, not even a zero
+    for (int j = jlo; j <= jhi; ++j) {  // the positions the row sees, ascending
+      const float wj = w[j];
       float v[F];
       LoadFrag<T, F>(vs + j * HP + lane * F, v);
 #pragma unroll
@@ -271,6 +276,7 @@ __global__ void __launch_bounds__(kAttendWarps * 32) AttendKernel(const GqaParam
       pass.ml[slot_row * 2] = m;
       pass.ml[slot_row * 2 + 1] = l;
     }
+    __syncwarp();  // the next pair rewrites this warp's q and w
   }
 }
 
@@ -319,7 +325,9 @@ template <typename T, int F>
 const char* LaunchPasses(const GroupQueryAttentionProblem& p, const GqaParams& prm, float* scratch,
                          cudaStream_t stream) {
   constexpr int HP = 32 * F;
-  const size_t smem = 2 * static_cast<size_t>(kChunk) * HP * sizeof(T);
+  constexpr int kVec = 16 / sizeof(T);
+  const size_t smem = static_cast<size_t>(kChunk) * (2 * HP + kVec) * sizeof(T) +
+                      static_cast<size_t>(kAttendWarps) * (HP + kChunk) * sizeof(float);
   if (const cudaError_t err = cudaFuncSetAttribute(AttendKernel<T, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                    static_cast<int>(smem));
       err != cudaSuccess)
