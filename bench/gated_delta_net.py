@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 import ops.gated_delta_net as gdn  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import busy_kernel, host_seconds_per_call  # noqa: E402
+from gpu_timing import time_queued  # noqa: E402
 from ops.gated_delta_net import GdnConfig  # noqa: E402
 
 WIDTHS = list(range(1, 9))
@@ -86,19 +86,10 @@ def run_impl(device, impl: str, cfg: GdnConfig, w: gdn.GdnWeights, seed: int, re
                 def call():
                     session.run_with_iobinding(binding, options)
 
-                pace = host_seconds_per_call(device, call, calls)
-                cycles = int(2 * calls * pace * 2e9) if gpu else 0  # ~2x the host's queueing time at 2 GHz
-                before = None
-                if cycles:
-                    try:
-                        busy_kernel(device, 1000)  # compiled by NVRTC on first use
-                        before = lambda: busy_kernel(device, cycles)  # noqa: E731
-                    except Exception as e:  # noqa: BLE001  (timed without it, saying so)
-                        result["busy_kernel_error"] = f"{type(e).__name__}: {e}"[:300]
-                samples = device.time_per_call(call, calls, reps, before=before)
-                result["widths"][str(S)] = {"us": float(np.median(samples)) * 1e6,
-                                            "samples_us": [s * 1e6 for s in samples],
-                                            "host_us_per_call": pace * 1e6, "y": y}
+                timing = time_queued(device, call, calls, reps)
+                if "busy_kernel_error" in timing:
+                    result["busy_kernel_error"] = timing.pop("busy_kernel_error")
+                result["widths"][str(S)] = {**timing, "y": y}
                 del binding, bufs, outs
             del session
             break

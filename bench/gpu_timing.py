@@ -70,3 +70,22 @@ def copy_ceiling(device, nbytes: int, reps: int = 10) -> dict:
     median = float(np.median(samples))
     del src, dst
     return {"bytes": nbytes, "seconds_median": median, "GBps": 2 * nbytes / median / 1e9, "copy_correct": ok}
+
+
+def time_queued(device, call, calls: int, reps: int) -> dict:
+    """Device time per call of call(), the median over `reps` samples of `calls` back-to-back calls
+    timed with CUDA events, each sample queued behind busy_kernel (~2x the host's queueing time at
+    2 GHz) so that the GPU starts once the host has queued it all. Returns {"us", "samples_us",
+    "host_us_per_call"} and "busy_kernel_error" where the busy kernel could not run (timed without it)."""
+    pace = host_seconds_per_call(device, call, calls)
+    result, before = {}, None
+    if device.name == "cuda":
+        cycles = int(2 * calls * pace * 2e9)
+        try:
+            busy_kernel(device, 1000)  # compiled by NVRTC on first use
+            before = lambda: busy_kernel(device, cycles)  # noqa: E731
+        except Exception as e:  # noqa: BLE001  (timed without it, saying so)
+            result["busy_kernel_error"] = f"{type(e).__name__}: {e}"[:300]
+    samples = device.time_per_call(call, calls, reps, before=before)
+    return {"us": float(np.median(samples)) * 1e6, "samples_us": [s * 1e6 for s in samples],
+            "host_us_per_call": pace * 1e6, **result}

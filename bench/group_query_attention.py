@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 import ops.group_query_attention as gqa  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import busy_kernel, host_seconds_per_call  # noqa: E402
+from gpu_timing import time_queued  # noqa: E402
 from ops.group_query_attention import GqaConfig  # noqa: E402
 
 IMPLS = ("ours", "ort")
@@ -90,19 +90,10 @@ def run_impl(device, impl: str, cfg: GqaConfig, seed: int, reps: int, calls: int
                     session.run_with_iobinding(binding, options)
 
                 n = max(3, calls // 10) if case["seq"] > 16 else calls
-                pace = host_seconds_per_call(device, call, n)
-                before = None
-                if gpu:
-                    cycles = int(2 * n * pace * 2e9)  # ~2x the host's queueing time at 2 GHz
-                    try:
-                        busy_kernel(device, 1000)
-                        before = lambda: busy_kernel(device, cycles)  # noqa: E731
-                    except Exception as e:  # noqa: BLE001  (timed without it, saying so)
-                        result["busy_kernel_error"] = f"{type(e).__name__}: {e}"[:300]
-                samples = device.time_per_call(call, n, reps, before=before)
-                result["cases"][case["name"]] = {**case, "us": float(np.median(samples)) * 1e6,
-                                                 "samples_us": [s * 1e6 for s in samples],
-                                                 "host_us_per_call": pace * 1e6, "output": out}
+                timing = time_queued(device, call, n, reps)
+                if "busy_kernel_error" in timing:
+                    result["busy_kernel_error"] = timing.pop("busy_kernel_error")
+                result["cases"][case["name"]] = {**case, **timing, "output": out}
                 del binding, bufs, outs
             del session
             break

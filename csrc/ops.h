@@ -11,5 +11,6 @@ void AddMatMulNBitsOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddCopySlotsOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda);
+void AddFloatMatMulOps(Ort::CustomOpDomain& domain, bool with_cuda);
 
 }  // namespace ort_mtp

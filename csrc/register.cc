@@ -22,6 +22,7 @@ Ort::CustomOpDomain* Domain() {
     ort_mtp::AddCopySlotsOps(*d, with_cuda);
     ort_mtp::AddGatedDeltaNetOps(*d, with_cuda);
     ort_mtp::AddGroupQueryAttentionOps(*d, with_cuda);
+    ort_mtp::AddFloatMatMulOps(*d, with_cuda);
     return d;
   }();
   return domain;

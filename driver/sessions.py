@@ -9,13 +9,14 @@ library's GatedDeltaNet runs it on the session's device (a CPU kernel alone does
 and a block that does not fit the pattern is kept on ORT's ops (logged, with the reason). Every
 com.microsoft GroupQueryAttention node becomes ort_mtp::GroupQueryAttention (ops.attention), whose
 query rows do not depend on the width, where the library runs it on the device (CPU kernels only so
-far: CUDA sessions keep ORT's). The
-rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
+far: CUDA sessions keep ORT's). Every ONNX MatMul with a constant narrow weight (the Gated DeltaNet's
+a and b projections) becomes ort_mtp::MatMul (ops.float_matmul), whose rows do not depend on the
+number of rows, where the library runs it on the device. The rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
 the model folder for the external weights, so a read-only folder works and no derived file is ever
 written; the rewrite itself reads no weight (the graph proto is loaded without external data).
 
 `rewrite`: True (every rewrite), False (ORT's own ops: `--no-rewrite`), or the names of the rewrites
-to run (ops.rewrite.REWRITES: "matmul", "linear-attention", "attention").
+to run (ops.rewrite.REWRITES: "matmul", "linear-attention", "attention", "float-matmul").
 """
 
 from __future__ import annotations
@@ -104,14 +105,18 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
 
     check = recorded(ops.rewrite.gated_delta_net_check(None, provider, device_id))
     attention = recorded(ops.rewrite.attention_check(None, provider, device_id))
+    float_matmul = recorded(ops.rewrite.float_matmul_check(None, provider, device_id))
     report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent,
-                                              attention=attention)
+                                              attention=attention, float_matmul=float_matmul)
     for block, why in report.linear_attention.kept:
         level = logging.INFO if why in unavailable else logging.WARNING
         log.log(level, "%s: linear-attention block %s stays on ONNX Runtime's ops: %s", spec.path.name, block, why)
     for node, why in report.attention.kept:
         level = logging.INFO if why in unavailable else logging.WARNING
         log.log(level, "%s: %s stays on ONNX Runtime's GroupQueryAttention: %s", spec.path.name, node, why)
+    for node, why in report.float_matmul.kept:
+        level = logging.INFO if why in unavailable else logging.WARNING
+        log.log(level, "%s: %s stays on ONNX Runtime's MatMul: %s", spec.path.name, node, why)
     return proto, report
 
 

@@ -3,7 +3,7 @@
     python -m ops info [--json]
     python -m ops library-path
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
-                                 [--only matmul|linear-attention|attention]
+                                 [--only matmul|linear-attention|attention|float-matmul]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
 onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 2.
@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import LibraryNotFoundError, cuda_kernels_built, library_path, visible_gpus
-from .rewrite import ATTENTION, LINEAR_ATTENTION, MATMUL, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
+from .rewrite import ATTENTION, FLOAT_MATMUL, LINEAR_ATTENTION, MATMUL, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
 from .staging import OutputError
 from .usage import Parser, UsageError
 
@@ -169,6 +169,12 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
             for why, kept in _by_reason(nodes.kept):
                 shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
                 print(f"note: {name}: kept GroupQueryAttention {shown} as com.microsoft: {why}", file=sys.stderr)
+        dense = model.float_matmul
+        if FLOAT_MATMUL in kinds and (dense.rewritten or kinds == (FLOAT_MATMUL,)):
+            print(f"{name}: rewrote {len(dense.rewritten)} of {dense.total} MatMul nodes into ort_mtp MatMul")
+            for why, kept in _by_reason(dense.kept):
+                shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
+                print(f"note: {name}: kept MatMul {shown} on ONNX Runtime's: {why}", file=sys.stderr)
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}

@@ -66,7 +66,8 @@ library is copied into the output folder and named relative to it."""
 MATMUL = "matmul"
 LINEAR_ATTENTION = "linear-attention"
 ATTENTION = "attention"
-REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION)
+FLOAT_MATMUL = "float-matmul"
+REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL)
 """The rewrite kinds (`python -m ops rewrite --only NAME`, the driver's rewrite=...)."""
 
 
@@ -150,6 +151,7 @@ class ModelReport:
     not_packed: list[tuple[str, str]] = field(default_factory=list)  # (node name, why not), pack=True
     linear_attention: BlockReport = field(default_factory=BlockReport)
     attention: BlockReport = field(default_factory=BlockReport)  # GroupQueryAttention nodes, by name
+    float_matmul: BlockReport = field(default_factory=BlockReport)  # ONNX MatMul nodes, by name
 
     @property
     def count(self) -> int:
@@ -158,8 +160,10 @@ class ModelReport:
 
     @property
     def changed(self) -> bool:
-        """Whether anything was rewritten (a MatMulNBits node, a linear-attention block, an attention node)."""
-        return bool(self.rewritten or self.linear_attention.rewritten or self.attention.rewritten)
+        """Whether anything was rewritten (a MatMulNBits node, a linear-attention block, an attention node,
+        a MatMul node)."""
+        return bool(self.rewritten or self.linear_attention.rewritten or self.attention.rewritten
+                    or self.float_matmul.rewritten)
 
 
 def rewrite_model(model: onnx.ModelProto, include=None, exclude=None, rewrites=None) -> int:
@@ -179,14 +183,15 @@ def _rewrite_kinds(rewrites) -> tuple[str, ...]:
 
 
 def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None, rewrites=None,
-                         gated_delta_net=None, base_dir=None, attention=None) -> ModelReport:
+                         gated_delta_net=None, base_dir=None, attention=None, float_matmul=None) -> ModelReport:
     """Rewrites, in place, in the main graph, its subgraphs and the model's functions: the
     com.microsoft MatMulNBits nodes and the linear-attention blocks selected by node_filter (see
     NodeFilter; a block is selected by its LinearAttention node's name). `rewrites`: which kinds run
     (REWRITES, default all). `gated_delta_net(signature) -> None | reason`, if given, says whether
     the GatedDeltaNet op can run a block's types (ops.linear_attention.available); without it the
     linear-attention rewrite is structural only; `attention(dtype) -> None | reason` likewise for
-    GroupQueryAttention nodes (ops.attention.available). `base_dir`: the model's folder, where small
+    GroupQueryAttention nodes (ops.attention.available), `float_matmul(dtype) -> None | reason` for
+    ONNX MatMul nodes (ops.float_matmul.available). `base_dir`: the model's folder, where small
     constants stored as external data are read from (no large initializer is read). Adds the
     ort_mtp opset import where it rewrote a node. The proto is not touched when nothing is
     rewritten; otherwise every node, initializer, external reference and value_info that is not
@@ -199,6 +204,8 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
         wanted.add((SOURCE_DOMAIN, "LinearAttention"))
     if ATTENTION in kinds:
         wanted.add((SOURCE_DOMAIN, "GroupQueryAttention"))
+    if FLOAT_MATMUL in kinds:
+        wanted |= {("", "MatMul"), ("ai.onnx", "MatMul")}
     if not any((n.domain, n.op_type) in wanted for _, nodes in _node_lists(model) for n in nodes):
         return report  # nothing to look at: no onnx-ir view of the model is built
 
@@ -221,6 +228,11 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
 
         outcome = patterns.apply(view, AttentionRewrite(attention), node_filter.selects)
         report.attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+    if FLOAT_MATMUL in kinds:
+        from .float_matmul import FloatMatMulRewrite
+
+        outcome = patterns.apply(view, FloatMatMulRewrite(float_matmul), node_filter.selects)
+        report.float_matmul = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
     if report.changed:
         rewritten = ir.serde.serialize_model(view)
         _keep_value_info(model, rewritten)
@@ -411,6 +423,14 @@ def attention_check(library: str | os.PathLike | None = None, provider: str = "c
     return _library_check(attention.available, "GroupQueryAttention", library, provider, device_id)
 
 
+def float_matmul_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
+    """The `float_matmul` argument of rewrite_model_report: a MatMul node is rewritten only where
+    `library` runs ort_mtp::MatMul for its type on `provider`."""
+    from . import float_matmul
+
+    return _library_check(float_matmul.available, "MatMul", library, provider, device_id)
+
+
 def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bool = False,
                  pack: bool = False, rewrites=None) -> FileReport:
     """Rewrites one .onnx file into `output` (a new file, or a new file inside an empty existing
@@ -435,7 +455,8 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
 
     node_filter = NodeFilter(include, exclude)
     report = FileReport(source, output, rewrite_model_report(
-        model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent, attention=attention_check()))
+        model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent, attention=attention_check(),
+        float_matmul=float_matmul_check()))
     report.unmatched_patterns = node_filter.unmatched()
     if require_rewrite and not report.model.changed and not (pack and _has_our_nodes(model)):
         raise RewriteError(_nothing_rewritten(source, report.model, _rewrite_kinds(rewrites)))
@@ -592,7 +613,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
         report.models[name] = rewrite_model_report(model, node_filter, kinds,
                                                    gated_delta_net_check(library, provider, device_id),
                                                    base_dir=model_path.parent,
-                                                   attention=attention_check(library, provider, device_id))
+                                                   attention=attention_check(library, provider, device_id),
+                                                   float_matmul=float_matmul_check(library, provider, device_id))
         if report.models[name].changed or (pack and _has_our_nodes(model)):
             rewritten[name] = model  # with pack, a model already on our op is rewritten too
     report.unmatched_patterns = node_filter.unmatched()
@@ -605,6 +627,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
             merged.linear_attention.filtered_out += r.linear_attention.filtered_out
             merged.attention.kept += r.attention.kept
             merged.attention.filtered_out += r.attention.filtered_out
+            merged.float_matmul.kept += r.float_matmul.kept
+            merged.float_matmul.filtered_out += r.float_matmul.filtered_out
         raise RewriteError(_nothing_rewritten(source, merged, kinds))
 
     lib_src = Path(library) if library else Path(library_path())
@@ -690,7 +714,11 @@ def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str
         if report.attention.total:
             return f"{source}: {_none_rewritten(report.attention, 'GroupQueryAttention nodes')}"
         return f"{source} has no com.microsoft GroupQueryAttention node"
-    kinds = tuple(k for k in kinds if k != ATTENTION)  # the messages below are about the other kinds
+    if kinds == (FLOAT_MATMUL,):
+        if report.float_matmul.total:
+            return f"{source}: {_none_rewritten(report.float_matmul, 'MatMul nodes')}"
+        return f"{source} has no MatMul node"
+    kinds = tuple(k for k in kinds if k not in (ATTENTION, FLOAT_MATMUL))  # the messages below are about the other kinds
     blocks = report.linear_attention
     if MATMUL not in kinds and not blocks.total:
         return f"{source} has no linear-attention block (com.microsoft LinearAttention node)"

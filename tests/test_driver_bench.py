@@ -63,6 +63,22 @@ def test_group_query_attention_bench_dry_run(tmp_path):
         assert row["output_max_diff_over_max_ort"] < 1e-3, (name, row)
 
 
+def test_float_matmul_bench_dry_run(tmp_path):
+    """bench/float_matmul.py on the CPU EP (small shapes): every row count is timed for both
+    implementations, and our op's output agrees with ORT's MatMul on the same inputs."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "float_matmul.py"), "--cpu-dry-run",
+                           "--reps", "3", "--calls", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "float_matmul.json").read_text())
+    assert report["errors"] == []
+    table = report["table_us"]
+    assert {"M=1", "M=4", "M=32"} == set(table)
+    for name, row in table.items():
+        assert row["ours"] > 0 and row["ort"] > 0, name
+        assert row["output_max_diff_over_max_ort"] < 2e-3, (name, row)
+
+
 def test_device_script_dry_run(tmp_path):
     """The models presets only: the onnxruntime-genai fixtures come from `prepare` (torch), and a
     missing one is reported, not fatal."""

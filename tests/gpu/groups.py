@@ -13,6 +13,7 @@ from functools import partial
 from typing import Callable, Iterable
 
 import cases_copy_slots
+import cases_float_matmul
 import cases_fuzz
 import cases_gated_delta_net
 import cases_group_query_attention
@@ -76,10 +77,17 @@ GROUP_QUERY_ATTENTION = [
           "buffer, bad seqlens_k", cases_group_query_attention.check_group_query_attention, {"ORT_MTP_GQA_CUDA": "1"}),
 ]
 
+FLOAT_MATMUL = [
+    Group("float-matmul", "MatMul (a/b projections): CUDA against our CPU op (27B-class K=5120 N=48 at M=1..16 "
+          "and 2048, odd N and K, fp16/bf16/fp32, random shapes), rows bit-identical to 1-row calls, CUDA graph",
+          cases_float_matmul.check_float_matmul),
+]
+
 OP_FUZZ = [
     Group(f"op-fuzz-seed{seed}", f"tests/op_fuzz.py's {cases_fuzz.CASES} random cases of seed {seed} for both ops: "
           "exact or ONNX Runtime's error, never a crash", partial(cases_fuzz.check_op_fuzz, seed=seed))
     for seed in cases_fuzz.SEEDS
 ]
 
-GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + GROUP_QUERY_ATTENTION + OP_FUZZ}
+GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + GROUP_QUERY_ATTENTION + FLOAT_MATMUL
+          + OP_FUZZ}

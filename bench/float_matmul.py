@@ -1,0 +1,141 @@
+"""ort_mtp::MatMul against ONNX Runtime's MatMul (cuBLAS) on the CUDA EP, for the 27B-class Gated DeltaNet's
+a/b projection (A [1, M, 5120] x B [5120, 48], float16, B an initializer as in the graphs):
+M = 1..8 and 16 (decode and verify widths) and 2,048 (a prefill chunk).
+
+    python bench/float_matmul.py [--out DIR] [--reps 11] [--calls 50]
+    python bench/float_matmul.py --cpu-dry-run     # small shapes on the CPU EP: tests the script
+
+Each implementation is a one-node session on the driver's CUDA device under ORT's CUDA graph (one
+graph id per M; without it, saying so, if capture is refused), A and Y bound by IOBinding; a
+measurement is gpu_timing.time_queued's median. Before timing, each output is kept: the JSON gives
+ours against ORT's (max |difference| over max |ORT|).
+
+Writes float_matmul.json to --out, else $OUT, else bench/results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import ops.float_matmul as fm  # noqa: E402
+from driver.device import bind, describe, make_device, make_session  # noqa: E402
+from gpu_timing import time_queued  # noqa: E402
+
+IMPLS = {"ours": "ort_mtp", "ort": ""}
+
+
+def shape(dry: bool) -> tuple[int, int, list[int]]:
+    """K, N and the row counts timed."""
+    if dry:
+        return 64, 8, [1, 2, 4, 32]
+    return 5120, 48, [*range(1, 9), 16, 2048]
+
+
+def run_impl(device, impl: str, seed: int, reps: int, calls: int, dry: bool) -> dict:
+    xp, gpu = device.xp, device.name == "cuda"
+    k, n, rows = shape(dry)
+    weight = (np.random.default_rng(seed).standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    model = fm.model(k, n, "float16", domain=IMPLS[impl], weight=weight)
+    result = {"cases": {}, "cuda_graph": gpu}
+    graph_error = None
+    for _attempt in range(2):  # under ORT's CUDA graph; without it if capture is refused
+        try:
+            session = make_session(device, model, graph_capture=result["cuda_graph"])
+            result["cases"] = {}
+            for graph_id, m in enumerate(rows, start=1):
+                a = xp.asarray(np.random.default_rng(seed + graph_id).standard_normal((1, m, k)).astype(np.float16))
+                y = xp.full((1, m, n), np.nan, dtype=np.float16)
+                binding = session.io_binding()
+                bind(binding, device, "A", a, a.shape)
+                bind(binding, device, "Y", y, y.shape, output=True)
+                options = device.run_options(graph_id if result["cuda_graph"] else None)
+                session.run_with_iobinding(binding, options)
+                device.synchronize()
+                out = device.to_host(y).astype(np.float64)
+                for _ in range(2):  # capture, replay
+                    session.run_with_iobinding(binding, options)
+                device.synchronize()
+
+                def call():
+                    session.run_with_iobinding(binding, options)
+
+                timing = time_queued(device, call, calls, reps)
+                if "busy_kernel_error" in timing:
+                    result["busy_kernel_error"] = timing.pop("busy_kernel_error")
+                result["cases"][f"M={m}"] = {"m": m, **timing, "output": out}
+                del binding, a, y
+            del session
+            break
+        except Exception as e:  # noqa: BLE001
+            if not result["cuda_graph"]:
+                raise
+            graph_error = f"{type(e).__name__}: {e}"[:500]
+            result["cuda_graph"] = False
+    if graph_error:
+        result["cuda_graph_error"] = graph_error
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out")
+    parser.add_argument("--reps", type=int, default=11)
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-dry-run", action="store_true")
+    args = parser.parse_args(argv)
+    dry = args.cpu_dry_run
+    device = make_device("cpu" if dry else "cuda", graph_capture=False)
+    k, n, rows = shape(dry)
+    report = {"script": "bench/float_matmul.py", "argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "info": describe(device), "k": k, "n": n, "dtype": "float16", "reps": args.reps, "calls": args.calls,
+              "impls": {}, "errors": []}
+    with device.active():
+        for impl in IMPLS:
+            try:
+                report["impls"][impl] = run_impl(device, impl, args.seed, args.reps, args.calls, dry)
+            except Exception as e:  # noqa: BLE001  (one failing implementation must not lose the other)
+                report["errors"].append({"impl": impl, "error": f"{type(e).__name__}: {e}"[:1000],
+                                         "traceback": traceback.format_exc()[-3000:]})
+    impls = report["impls"]
+    table = {}
+    for m in rows:
+        name = f"M={m}"
+        row = {impl: impls[impl]["cases"][name]["us"] for impl in impls if name in impls[impl]["cases"]}
+        if "ours" in row and "ort" in row:
+            ours, ort = impls["ours"]["cases"][name]["output"], impls["ort"]["cases"][name]["output"]
+            row["ours_over_ort"] = row["ours"] / row["ort"]
+            row["output_max_diff_over_max_ort"] = float(np.abs(ours - ort).max() / max(np.abs(ort).max(), 1e-30))
+        table[name] = row
+    for impl in impls.values():
+        for entry in impl["cases"].values():
+            entry.pop("output", None)
+    report["table_us"] = table
+    out = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "results")
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "float_matmul.json"
+    path.write_text(json.dumps(report, indent=1))
+    print(f"{'rows':8s} {'ours us':>10s} {'ORT us':>10s} {'ours/ORT':>9s}  output diff vs ORT")
+    for name, row in table.items():
+        print(f"{name:8s} {row.get('ours', float('nan')):10.2f} {row.get('ort', float('nan')):10.2f} "
+              f"{row.get('ours_over_ort', float('nan')):9.2f}  {row.get('output_max_diff_over_max_ort', float('nan')):.2e}")
+    for e in report["errors"]:
+        print(f"error in {e['impl']}: {e['error']}")
+    print(f"wrote {path}")
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

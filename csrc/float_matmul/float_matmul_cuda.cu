@@ -1,0 +1,135 @@
+// The MatMul op's CUDA kernel (float_matmul.h). One block per group of 8 output columns and pass of up to
+// R rows; the block's 512 threads split K by residue (thread t takes k = t, t + 512, ...), so adjacent
+// threads read adjacent rows of A and B, and a thread's 8 columns of B are one 16-byte load (fp16/bf16,
+// when N % 8 == 0). The partial sums meet in a fixed order: a butterfly over the 32 lanes of each warp,
+// then the 16 warps' sums in ascending order through shared memory. R (1, 2, 4 or 8) is picked from M
+// only to skip work on rows that do not exist: every row follows the same sequence of float32
+// operations in every R, so row m's bits never depend on M.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "common/cuda_numeric.cuh"
+#include "float_matmul/float_matmul.h"
+
+namespace ort_mtp {
+namespace {
+
+using cuda::FromF;
+using cuda::ToF;
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr int kCols = 8;  // output columns per block
+constexpr int kMaxGridY = 65535;
+
+// The 8 columns c0 .. c0 + 7 of B's row k as float32 (0 beyond N).
+template <typename T, bool kVector>
+__device__ __forceinline__ void LoadB(const T* __restrict__ b, int64_t k, int n, int c0, float (&out)[kCols]) {
+  const T* row = b + k * n + c0;
+  if constexpr (kVector) {
+    // 8 elements of a 16-byte aligned row segment (N % 8 == 0 and B 16-byte aligned, checked on launch).
+    if constexpr (sizeof(T) == 2) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
+      const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) out[c] = ToF(e[c]);
+    } else {
+      const float4 lo = __ldg(reinterpret_cast<const float4*>(row));
+      const float4 hi = __ldg(reinterpret_cast<const float4*>(row) + 1);
+      out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+      out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+    }
+  } else {
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) out[c] = c0 + c < n ? ToF(row[c]) : 0.f;
+  }
+}
+
+template <typename T, int R, bool kVector>
+__global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restrict__ a, const T* __restrict__ b,
+                                                             T* __restrict__ y, int64_t m, int k, int n) {
+  __shared__ float warp_sums[kWarps][R * kCols];
+  const int c0 = blockIdx.x * kCols;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t passes = (m + R - 1) / R;
+  for (int64_t pass = blockIdx.y; pass < passes; pass += gridDim.y) {
+    const int64_t r0 = pass * R;
+    const int rows = static_cast<int>(m - r0 < R ? m - r0 : R);
+    float acc[R][kCols];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
+#pragma unroll 2
+    for (int kk = threadIdx.x; kk < k; kk += kThreads) {
+      float bv[kCols];
+      LoadB<T, kVector>(b, kk, n, c0, bv);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r < rows) {
+          const float x = ToF(a[(r0 + r) * k + kk]);
+#pragma unroll
+          for (int c = 0; c < kCols; ++c) acc[r][c] = __fmaf_rn(x, bv[c], acc[r][c]);
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        float v = acc[r][c];
+#pragma unroll
+        for (int offset = 16; offset > 0; offset /= 2) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
+        if (lane == 0) warp_sums[warp][r * kCols + c] = v;
+      }
+    __syncthreads();
+    if (threadIdx.x < R * kCols) {
+      const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
+      float s = warp_sums[0][threadIdx.x];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) s = __fadd_rn(s, warp_sums[w][threadIdx.x]);
+      if (r < rows && c0 + c < n) y[(r0 + r) * n + c0 + c] = FromF<T>(s);
+    }
+    __syncthreads();  // warp_sums is rewritten by the next pass
+  }
+}
+
+template <typename T, int R>
+void LaunchR(const FloatMatMulProblem& p, bool vector, cudaStream_t stream) {
+  const int64_t passes = (p.m + R - 1) / R;
+  const dim3 grid(static_cast<unsigned>((p.n + kCols - 1) / kCols),
+                  static_cast<unsigned>(passes < kMaxGridY ? passes : kMaxGridY));
+  const T* a = static_cast<const T*>(p.a);
+  const T* b = static_cast<const T*>(p.b);
+  T* y = static_cast<T*>(p.y);
+  const int k = static_cast<int>(p.k), n = static_cast<int>(p.n);
+  if (vector)
+    FloatMatMulKernel<T, R, true><<<grid, kThreads, 0, stream>>>(a, b, y, p.m, k, n);
+  else
+    FloatMatMulKernel<T, R, false><<<grid, kThreads, 0, stream>>>(a, b, y, p.m, k, n);
+}
+
+template <typename T>
+void Launch(const FloatMatMulProblem& p, cudaStream_t stream) {
+  const bool vector = p.n % kCols == 0 && reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
+  if (p.m == 1) return LaunchR<T, 1>(p, vector, stream);
+  if (p.m == 2) return LaunchR<T, 2>(p, vector, stream);
+  if (p.m <= 4) return LaunchR<T, 4>(p, vector, stream);
+  return LaunchR<T, 8>(p, vector, stream);
+}
+
+}  // namespace
+
+const char* FloatMatMulCuda(const FloatMatMulProblem& p, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (p.type) {
+    case FloatType::kFloat32: Launch<float>(p, s); break;
+    case FloatType::kFloat16: Launch<__half>(p, s); break;
+    case FloatType::kBFloat16: Launch<__nv_bfloat16>(p, s); break;
+  }
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
+  return nullptr;
+}
+
+}  // namespace ort_mtp
