@@ -73,7 +73,7 @@ def test_float_matmul_bench_dry_run(tmp_path):
     report = json.loads((tmp_path / "float_matmul.json").read_text())
     assert report["errors"] == []
     table = report["table_us"]
-    assert {"M=1", "M=4", "M=32"} == set(table)
+    assert {"M=1", "M=2", "M=4", "M=32"} == set(table)
     for name, row in table.items():
         assert row["ours"] > 0 and row["ort"] > 0, name
         assert row["output_max_diff_over_max_ort"] < 2e-3, (name, row)
