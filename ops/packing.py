@@ -86,6 +86,55 @@ def pack_b(b: np.ndarray, N: int, K: int) -> np.ndarray:
     return tiled.reshape(-1).view(np.uint8).reshape(np.shape(b))
 
 
+def pack_tiles(N: int, K: int, block_size: int, b: np.ndarray | None = None, scales: np.ndarray | None = None,
+               out_b: np.ndarray | None = None, out_scales: np.ndarray | None = None,
+               threads: int = 0) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """pack_b(b) and pack_scales(scales) by the op library's packer (OrtMtpPackTiles,
+    csrc/matmul_nbits/tiles_pack.cc): the same bytes in one pass over them, on `threads` threads (0:
+    one per core), instead of numpy's several. b: N * K / 2 bytes; scales: N * K / block_size 16-bit
+    values (float16 or the raw bits of bfloat16, as uint16); either may be None. out_b / out_scales:
+    where to write (e.g. slices of a memory-mapped file), each C-contiguous and of its source's size;
+    new arrays of the sources' shapes otherwise. Returns (packed B, packed scales)."""
+    _check(K, N, block_size)
+    args, results = [], []
+    for src, out, count, dtype in ((b, out_b, N * K // 2, np.uint8), (scales, out_scales, N * K // block_size, np.uint16)):
+        if src is None:
+            args += [None, None]
+            results.append(None)
+            continue
+        src = np.ascontiguousarray(src)
+        if src.size != count or src.itemsize != np.dtype(dtype).itemsize:
+            raise ValueError(f"has {src.size} values of {src.itemsize} bytes where N={N}, K={K}, "
+                             f"block_size={block_size} need {count} of {np.dtype(dtype).itemsize}")
+        if out is None:
+            out = np.empty_like(src)
+        elif out.size != count or out.itemsize != src.itemsize or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError(f"the output must be a writeable C-contiguous array of {count} values like its source")
+        args += [src.ctypes.data, out.ctypes.data]
+        results.append(out)
+    if _native_packer()(args[0], args[2], args[1], args[3], N, K, block_size, threads) != 0:
+        raise ValueError(f"the library's packer refused N={N}, K={K}, block_size={block_size}")
+    return results[0], results[1]
+
+
+_PACKER = None
+
+
+def _native_packer():
+    """The library's OrtMtpPackTiles, through ctypes (the library ops.library_path names, loaded once)."""
+    global _PACKER
+    if _PACKER is None:
+        import ctypes
+
+        from . import library_path
+
+        fn = ctypes.CDLL(library_path()).OrtMtpPackTiles
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        _PACKER = fn
+    return _PACKER
+
+
 def unpack_b(packed: np.ndarray, N: int, K: int) -> np.ndarray:
     """The inverse of pack_b."""
     _check(K, N)
@@ -194,8 +243,8 @@ def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None,
             skipped.append((label, reason))
             continue
         K, N, bs = attrs["K"], attrs["N"], attrs["block_size"]
-        for t, fn in ((inits[b_name], lambda raw: pack_b(raw.view(np.uint8), N, K)),
-                      (inits[s_name], lambda raw: pack_scales(raw, N, K, bs))):
+        for t, fn in ((inits[b_name], lambda raw: pack_tiles(N, K, bs, b=raw)[0].reshape(raw.shape)),
+                      (inits[s_name], lambda raw: pack_tiles(N, K, bs, scales=raw)[1].reshape(raw.shape))):
             try:
                 _repack(t, fn, external)
             except ValueError as e:  # numpy's message ("cannot reshape ...") names no tensor or file

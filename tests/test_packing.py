@@ -46,6 +46,34 @@ def test_pack_unpack_round_trip(N, K, block_size):
     assert np.array_equal(packing.unpack_scales(ps, N, K, block_size), s)
 
 
+@pytest.mark.parametrize("N,K", [(16, 256), (48, 512), (80, 1280)])
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+@pytest.mark.parametrize("threads", [1, 3, 0])
+def test_library_packer_writes_numpys_bytes(N, K, block_size, threads):
+    """The library's packer (OrtMtpPackTiles) against the numpy statement of the layout, bitwise, on
+    any thread count (the tiles are split between threads unevenly for N=80: 5 tiles on 3 threads)."""
+    rng = np.random.default_rng(N * K + block_size)
+    b = rng.integers(0, 256, size=(N, K // block_size, block_size // 2), dtype=np.uint8)
+    s = rng.integers(0, 2**16, size=(N, K // block_size), dtype=np.uint16)
+    pb, ps = packing.pack_tiles(N, K, block_size, b=b, scales=s, threads=threads)
+    assert np.array_equal(pb, packing.pack_b(b, N, K)) and np.array_equal(ps, packing.pack_scales(s, N, K, block_size))
+    out_b, out_s = np.zeros(b.size, np.uint8), np.zeros(s.size, np.uint16)  # into given buffers, B alone
+    packing.pack_tiles(N, K, block_size, b=b, out_b=out_b, threads=threads)
+    assert np.array_equal(out_b, pb.reshape(-1)) and not out_s.any()
+    packing.pack_tiles(N, K, block_size, scales=s.view(np.float16), out_scales=out_s.view(np.float16))
+    assert np.array_equal(out_s, ps.reshape(-1))
+
+
+def test_library_packer_refuses_what_the_layout_does_not_take():
+    b = np.zeros(16 * 256 // 2, np.uint8)
+    with pytest.raises(ValueError, match="not a multiple of 256"):
+        packing.pack_tiles(16, 128, 32, b=b[:1024])
+    with pytest.raises(ValueError, match="has 100 values of 1 bytes where N=16, K=256, block_size=32 need 2048"):
+        packing.pack_tiles(16, 256, 32, b=b[:100])
+    with pytest.raises(ValueError, match="writeable C-contiguous"):
+        packing.pack_tiles(16, 256, 32, b=b, out_b=np.zeros(4096, np.uint8)[::2])
+
+
 def test_packed_word_holds_one_lanes_k_pairs():
     """Element (n, k) sits where matmul_nbits.h says: tile-chunk, word (j, lane, w), nibble order
     k 0,2,4,6,1,3,5,7. Checked on single nibbles so that a wrong axis cannot cancel out."""
@@ -357,7 +385,7 @@ def test_a_failed_pack_names_the_tensor_and_file_and_leaves_no_output(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: cannot pack ")
     for name in (str(src / "model.onnx"), "'/model/up/MatMul'", "N=48", "'up.B'", "model.onnx.data",
-                 "cannot reshape"):
+                 "has 8192 values of 1 bytes where N=48, K=512, block_size=32 need 12288"):
         assert name in err, name
     assert sorted(os.listdir(tmp_path)) == ["src"]  # no half folder, no staging folder
     # the single-file rewrite: neither the model, the linked data nor the packed weights are left
@@ -380,18 +408,18 @@ def test_an_interrupted_pack_leaves_no_output_and_the_same_command_then_works(tm
     src = tmp_path / "src"
     build(preset("tiny"), src, BuildOptions(precision="int4", ep="cuda"), threads=1)
     out = tmp_path / "tiles"
-    real_pack_b, calls = packing.pack_b, []
+    real_pack, calls = packing.pack_tiles, []
 
-    def interrupted_on_the_third(*args):
+    def interrupted_on_the_third(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:  # two nodes packed, their weights in model.onnx.tiles.data
             raise KeyboardInterrupt
-        return real_pack_b(*args)
+        return real_pack(*args, **kwargs)
 
-    monkeypatch.setattr(packing, "pack_b", interrupted_on_the_third)
+    monkeypatch.setattr(packing, "pack_tiles", interrupted_on_the_third)
     with pytest.raises(KeyboardInterrupt):
         rewrite_folder(src, out, pack=True)
     assert sorted(os.listdir(tmp_path)) == ["src"]
-    monkeypatch.setattr(packing, "pack_b", real_pack_b)
+    monkeypatch.setattr(packing, "pack_tiles", real_pack)
     report = rewrite_folder(src, out, pack=True)
     assert report.models["model.onnx"].packed == 8 and (out / "model.onnx.tiles.data").is_file()
