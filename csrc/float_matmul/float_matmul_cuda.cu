@@ -1,8 +1,8 @@
 // The MatMul op's CUDA kernel (float_matmul.h). One block per group of 8 output columns and pass of up to
 // R rows; the block's 512 threads split K by residue (thread t takes k = t, t + 512, ...), so adjacent
 // threads read adjacent rows of A and B, and a thread's 8 columns of B are one 16-byte load (fp16/bf16,
-// when N % 8 == 0). The partial sums meet in a fixed order: a butterfly over the 32 lanes of each warp,
-// then the 16 warps' sums in ascending order through shared memory. R (1, 2, 4 or 8) is picked from M
+// when N % 8 == 0). The partial sums meet in a fixed order: pairs of lanes 16, 8, 4, 2, 1 apart within
+// each warp (HalvingSum), then the 16 warps' sums in ascending order through shared memory. R (1, 2, 4 or 8) is picked from M
 // only to skip work on rows that do not exist: every row follows the same sequence of float32
 // operations in every R, so row m's bits never depend on M.
 #include <cuda_runtime.h>
@@ -46,21 +46,50 @@ __device__ __forceinline__ void LoadB(const T* __restrict__ b, int64_t k, int n,
   }
 }
 
+// The sum over the warp's 32 lanes of each of a lane's kCount values, by recursive halving: at offset o
+// a lane keeps half of its values (the upper half where lane & o, else the lower), adds the partner's
+// copy of them, and passes on the other half. Each sum is the one a butterfly (v += shfl_xor(v, o) for
+// o = 16, 8, 4, 2, 1) computes, pairs of lanes in the same order, with about kCount shuffles per lane
+// instead of 5 kCount; once one value is left the rounds go on as a butterfly. On return, vals[i] is
+// the sum of value base + i, i < max(kCount / 32, 1).
+template <int kCount, int kOffset>
+__device__ __forceinline__ void HalvingSum(float* vals, int lane, int& base) {
+  if constexpr (kOffset > 0) {
+    if constexpr (kCount > 1) {
+      constexpr int kHalf = kCount / 2;
+      const bool upper = (lane & kOffset) != 0;
+#pragma unroll
+      for (int i = 0; i < kHalf; ++i) {
+        const float send = upper ? vals[i] : vals[i + kHalf];
+        const float keep = upper ? vals[i + kHalf] : vals[i];
+        vals[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, kOffset));
+      }
+      if (upper) base += kHalf;
+      HalvingSum<kHalf, kOffset / 2>(vals, lane, base);
+    } else {
+      vals[0] = __fadd_rn(vals[0], __shfl_xor_sync(0xffffffffu, vals[0], kOffset));
+      HalvingSum<1, kOffset / 2>(vals, lane, base);
+    }
+  }
+}
+
 template <typename T, int R, bool kVector>
 __global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restrict__ a, const T* __restrict__ b,
                                                              T* __restrict__ y, int64_t m, int k, int n) {
-  __shared__ float warp_sums[kWarps][R * kCols];
+  constexpr int kValues = R * kCols;  // a thread's partial sums, a power of two
+  static_assert((kValues & (kValues - 1)) == 0, "HalvingSum halves evenly");
+  // Lanes whose bits below 32 / kValues are zero hold a sum no other lane's copy differs from.
+  constexpr int kCopies = kValues >= 32 ? 1 : 32 / kValues;
+  __shared__ float warp_sums[kWarps][kValues];
   const int c0 = blockIdx.x * kCols;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t passes = (m + R - 1) / R;
   for (int64_t pass = blockIdx.y; pass < passes; pass += gridDim.y) {
     const int64_t r0 = pass * R;
     const int rows = static_cast<int>(m - r0 < R ? m - r0 : R);
-    float acc[R][kCols];
+    float acc[kValues];
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) acc[r][c] = 0.f;
+    for (int v = 0; v < kValues; ++v) acc[v] = 0.f;
 #pragma unroll 2
     for (int kk = threadIdx.x; kk < k; kk += kThreads) {
       float bv[kCols];
@@ -70,21 +99,18 @@ __global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restric
         if (r < rows) {
           const float x = ToF(a[(r0 + r) * k + kk]);
 #pragma unroll
-          for (int c = 0; c < kCols; ++c) acc[r][c] = __fmaf_rn(x, bv[c], acc[r][c]);
+          for (int c = 0; c < kCols; ++c) acc[r * kCols + c] = __fmaf_rn(x, bv[c], acc[r * kCols + c]);
         }
       }
     }
+    int base = 0;
+    HalvingSum<kValues, 16>(acc, lane, base);
+    if (lane % kCopies == 0) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-      for (int c = 0; c < kCols; ++c) {
-        float v = acc[r][c];
-#pragma unroll
-        for (int offset = 16; offset > 0; offset /= 2) v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, offset));
-        if (lane == 0) warp_sums[warp][r * kCols + c] = v;
-      }
+      for (int i = 0; i < (kValues >= 32 ? kValues / 32 : 1); ++i) warp_sums[warp][base + i] = acc[i];
+    }
     __syncthreads();
-    if (threadIdx.x < R * kCols) {
+    if (threadIdx.x < kValues) {
       const int r = threadIdx.x / kCols, c = threadIdx.x % kCols;
       float s = warp_sums[0][threadIdx.x];
 #pragma unroll
