@@ -42,6 +42,9 @@ def build_parser() -> Parser:
                      help="partial-accept commit: auto (promote a window slot when the model has one) or "
                           "replay (always restore and re-advance)")
     gen.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run every forward eagerly")
+    gen.add_argument("--no-pack", action="store_true",
+                     help="CUDA: keep MatMulNBits' row-major layout (default: the faster tiles layout, its "
+                          "weights packed once into ORT_MTP_CACHE_DIR, else ~/.cache/ort-mtp/tiles)")
     gen.add_argument("--prefill-chunk", type=int, default=DEFAULT_PREFILL_CHUNK,
                      help=f"prompt tokens per prefill forward, at most the context length "
                           f"(default {DEFAULT_PREFILL_CHUNK})")
@@ -107,7 +110,8 @@ def cmd_generate(args) -> int:
     generator = Generator(folder, provider=args.provider, mode=mode, draft_tokens=args.draft_tokens,
                           max_length=max(2, min(folder.context_length, need)), prefill_chunk=args.prefill_chunk,
                           cuda_graphs=not args.no_cuda_graphs, commit=args.commit,
-                          profile=True if args.profile else None, threads=args.threads)
+                          profile=True if args.profile else None, threads=args.threads,
+                          pack=False if args.no_pack else None)
     generator.check_lengths(len(prompt_ids), args.max_new_tokens)
     if args.json:
         result = run_generation(generator, prompt_ids, args.max_new_tokens, sampling=sampling)
@@ -163,7 +167,8 @@ def cmd_identity(args) -> int:
         raise DriverError("the prompt is empty")
     # The tokens to verify: what greedy decoding itself produces after the prompt.
     rewrite = not args.no_rewrite
-    greedy = Generator(folder, provider=args.provider, mode="greedy", cuda_graphs=False, rewrite=rewrite,
+    # pack=False: identity measures the row-major layout (driver/identity.py says why)
+    greedy = Generator(folder, provider=args.provider, mode="greedy", cuda_graphs=False, rewrite=rewrite, pack=False,
                        max_length=min(folder.context_length, len(prompt) + args.width + 1))
     tokens = greedy.generate(prompt, args.width, stop_at_eos=False).tokens
     result = identity.rows(folder, prompt, tokens, provider=args.provider, rewrite=rewrite,
@@ -173,7 +178,7 @@ def cmd_identity(args) -> int:
     stream_report = None
     if args.streams:
         longest = max(len(Text(folder.tokenizer).encode(p)) for p in identity.SAMPLE_PROMPTS)
-        mtp = Generator(folder, provider=args.provider, mode="mtp", rewrite=rewrite,
+        mtp = Generator(folder, provider=args.provider, mode="mtp", rewrite=rewrite, pack=False,
                         max_length=min(folder.context_length, longest + args.new_tokens))
         stream_report = identity.streams(mtp, identity.SAMPLE_PROMPTS, args.new_tokens, range(1, MAX_DRAFT_TOKENS + 1))
     if args.json:

@@ -37,7 +37,7 @@ from .errors import DriverError
 from .folder import ModelFolder, read_folder
 from .runner import GraphRunner
 from .sampling import Sampler, accept_or_resample, check_sampling
-from .sessions import create_session
+from .sessions import create_session, packed_nodes
 from .stats import Profiler, Stats, profiling_requested
 from .text import Text, TokenizerUnavailable
 
@@ -63,7 +63,9 @@ class Generator:
     def __init__(self, model, *, provider: str = "cpu", mode: str = "mtp", draft_tokens: int = 3,
                  max_length: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                  cuda_graphs: bool = True, commit: str = "auto", profile: bool | None = None,
-                 rewrite: bool = True, threads: int | None = None):
+                 rewrite: bool = True, threads: int | None = None, pack: bool | None = None):
+        """pack: MatMulNBits' tiles layout (driver.sessions: None, the default, packs on CUDA only;
+        ignored without the rewrite). self.packed counts the nodes that run it."""
         self.folder: ModelFolder = model if isinstance(model, ModelFolder) else read_folder(Path(model))
         if mode not in ("greedy", "mtp"):
             raise DriverError(f"mode must be greedy or mtp, got {mode!r}")
@@ -96,7 +98,8 @@ class Generator:
         max_width = max(self.prefill_chunk, MAX_DRAFT_TOKENS + 1)
         widths = range(1, MAX_DRAFT_TOKENS + 2)
         capture = self.device.graph_capture
-        session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture)
+        session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture, pack)
+        self.packed = packed_nodes(session)
         self.main = GraphRunner(folder.main, session, self.device, self.max_length, max_width,
                                 folder.vocab_size, folder.hidden_size, capture_widths=widths)
         self.head = None
@@ -104,8 +107,9 @@ class Generator:
         self._drafts = self.device.zeros((MAX_DRAFT_TOKENS,), np.int64)
         if mode == "mtp":
             spec = folder.require_mtp()
-            session, swapped = create_session(spec, self.device, self.max_length, rewrite, capture)
+            session, swapped = create_session(spec, self.device, self.max_length, rewrite, capture, pack)
             self.rewritten += swapped
+            self.packed += packed_nodes(session)
             self.head = GraphRunner(spec, session, self.device, self.max_length, max_width,
                                     folder.vocab_size, folder.hidden_size, capture_widths=widths)
             if folder.main.state_window:

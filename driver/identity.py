@@ -14,6 +14,11 @@ argmax for the logits. Two measurements:
   streams(...) the end result: MTP token streams against greedy streams over many prompts, per k.
 
 `python -m driver identity --model DIR [--streams]` prints them.
+
+All of them measure MatMulNBits in its row-major layout (pack=False), on CUDA too, where the driver
+packs by default (driver.sessions): per_op's session is built here without the tiles cache, and rows
+and the CLI's generators match it. The tiles layout's rows are the same bits on the CPU
+(tests/test_tiles_cache.py); on CUDA its kernel is another one, measured by the device checks.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def rows(folder: ModelFolder, prompt: list[int], tokens: list[int], provider: st
 
 
 def _rows(folder: ModelFolder, prompt: list[int], tokens: list[int], device, rewrite: bool, max_length: int) -> dict:
-    session, _ = create_session(folder.main, device, max_length, rewrite=rewrite)
+    session, _ = create_session(folder.main, device, max_length, rewrite=rewrite, pack=False)
     width = len(tokens)
 
     def prefilled() -> GraphRunner:

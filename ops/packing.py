@@ -204,38 +204,73 @@ def our_matmul_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     return [node for node in model.graph.node if node.domain == DOMAIN and node.op_type == MATMUL_NBITS]
 
 
+class GraphIndex:
+    """The main graph's initializers by name and how many node inputs use each name: what packable()
+    looks up, built once per graph rather than once per node."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.initializers = {t.name: t for t in model.graph.initializer}
+        self.uses: dict[str, int] = {}
+        for node in model.graph.node:
+            for name in node.input:
+                self.uses[name] = self.uses.get(name, 0) + 1
+
+
+def node_label(node: onnx.NodeProto) -> str:
+    return node.name or (node.output[0] if node.output else "?")
+
+
+def weight_names(node: onnx.NodeProto) -> tuple[str, str]:
+    """(B, scales): the node's inputs 1 and 2."""
+    inputs = list(node.input) + [""] * 3
+    return inputs[1], inputs[2]
+
+
+def packable(model: onnx.ModelProto, node: onnx.NodeProto, index: GraphIndex | None = None) -> str | None:
+    """Why this ort_mtp MatMulNBits node cannot take the tiles layout, or None: the one statement of
+    eligibility, shared by pack_model (`ops rewrite --pack`) and the driver's tiles cache
+    (ops.tiles_cache). Eligible: not packed yet, a shape and type the layout takes
+    (tiles_unsupported_reason), no g_idx, and B and scales initializers that no other node reads (their
+    bytes are rewritten). Where the bytes are stored is the caller's concern. index: GraphIndex(model),
+    to share between the nodes of one graph."""
+    index = index or GraphIndex(model)
+    attrs = _attributes(node)
+    if attrs.get(PACKING_ATTRIBUTE, 0) == TILES:
+        return "already in the tiles layout"
+    inputs = list(node.input) + [""] * (6 - len(node.input))
+    b_name, s_name, zp_name, g_name = inputs[1], inputs[2], inputs[3], inputs[4]
+    inits = index.initializers
+    float_type = inits[s_name].data_type if s_name in inits else None
+    reason = tiles_unsupported_reason(attrs.get("K", 0), attrs.get("N", 0), attrs.get("bits", 4),
+                                      attrs.get("block_size", 0), float_type, bool(zp_name))
+    if reason is None and g_name:
+        reason = "g_idx input"
+    if reason is None and (b_name not in inits or s_name not in inits):
+        reason = "B or scales is not an initializer"
+    if reason is None and (index.uses.get(b_name, 0) > 1 or index.uses.get(s_name, 0) > 1):
+        reason = "B or scales is shared with another node"
+    return reason
+
+
 def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None,
                on_node=None) -> tuple[int, list[tuple[str, str]]]:
     """Packs, in place, every ort_mtp MatMulNBits node of the main graph that the tiles layout takes
-    and whose B and scales are initializers used by no other node: the initializers are rewritten and
-    the node gets packing=1. Returns (nodes packed, [(node, why not)] for the other ort_mtp
-    MatMulNBits nodes). Weights stored as external data are packed through `external` (read from the
-    model's folder, written to a new file); without it they must have been loaded
+    (packable) whose B and scales it can read: the initializers are rewritten and the node gets
+    packing=1. Returns (nodes packed, [(node, why not)] for the other ort_mtp MatMulNBits nodes but
+    those already packed). Weights stored as external data are packed through `external` (read from
+    the model's folder, written to a new file); without it they must have been loaded
     (onnx.load(..., load_external_data=True)), else the node is skipped. on_node(), if given, is
     called once each of our_matmul_nodes(model) is done with (a progress hook)."""
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    uses: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            uses[name] = uses.get(name, 0) + 1
+    index = GraphIndex(model)
+    inits = index.initializers
     packed, skipped = 0, []
     for node in _each_then(our_matmul_nodes(model), on_node):
-        label = node.name or (node.output[0] if node.output else "?")
+        label = node_label(node)
         attrs = _attributes(node)
         if attrs.get(PACKING_ATTRIBUTE, 0) == TILES:
             continue
-        inputs = list(node.input) + [""] * (6 - len(node.input))
-        b_name, s_name, zp_name, g_name = inputs[1], inputs[2], inputs[3], inputs[4]
-        float_type = inits[s_name].data_type if s_name in inits else None
-        reason = tiles_unsupported_reason(attrs.get("K", 0), attrs.get("N", 0), attrs.get("bits", 4),
-                                          attrs.get("block_size", 0), float_type, bool(zp_name))
-        if reason is None and g_name:
-            reason = "g_idx input"
-        if reason is None and (b_name not in inits or s_name not in inits):
-            reason = "B or scales is not an initializer"
-        if reason is None and (uses.get(b_name, 0) > 1 or uses.get(s_name, 0) > 1):
-            reason = "B or scales is shared with another node"
+        b_name, s_name = weight_names(node)
+        reason = packable(model, node, index)
         stored = [t.data_location == onnx.TensorProto.EXTERNAL for t in (inits.get(b_name), inits.get(s_name)) if t]
         if reason is None and any(stored) and external is None:
             reason = "B or scales is external data that was not loaded"
@@ -250,10 +285,16 @@ def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None,
             except ValueError as e:  # numpy's message ("cannot reshape ...") names no tensor or file
                 raise ValueError(f"node {label!r} (K={K}, N={N}, block_size={bs}): initializer {t.name!r} "
                                  f"{_stored_where(t)}, dims {list(t.dims)}: {e}") from None
-        del node.attribute[:]
-        node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, PACKING_ATTRIBUTE: TILES}.items())
+        set_packing(node)
         packed += 1
     return packed, skipped
+
+
+def set_packing(node: onnx.NodeProto) -> None:
+    """Gives the node packing=1 (its weights must be in the tiles layout by the time it runs)."""
+    attrs = _attributes(node)
+    del node.attribute[:]
+    node.attribute.extend(helper.make_attribute(k, v) for k, v in {**attrs, PACKING_ATTRIBUTE: TILES}.items())
 
 
 def _each_then(items, after):
