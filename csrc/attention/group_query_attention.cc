@@ -250,12 +250,11 @@ struct GroupQueryAttentionOp
 
 }  // namespace
 
-// The CPU classes always. The CUDA classes in a CUDA build only when ORT_MTP_GQA_CUDA=1: the kernel passes
-// its GPU group (tests/gpu, group-query-attention; width S bit-identical to S width-1 calls), also under
-// memcheck, and is faster than ORT's node at S=2..7, but 1.4x slower at S=1 and ~90x at a 2,048-token
-// prefill (bench/group_query_attention.py, bench/results/2026-12-02-gqa-cuda-lane-per-key). Until S=1
-// and the prefill are at ORT's, CUDA models keep ORT's node (the rewrite asks the library which kernels
-// it has, ops/attention.py).
+// The CPU classes always; the CUDA classes in a CUDA build unless ORT_MTP_GQA_CUDA=0 (then CUDA models keep
+// ORT's node: the rewrite asks the library which kernels it has, ops/attention.py). The CUDA kernel passes
+// its GPU group (tests/gpu, group-query-attention: widths 1..16 bit-identical to width-1 calls), and with it
+// the 27B-class folder's MTP stream equals greedy's where ORT's node does not (bench/results/
+// 2026-12-03-float-matmul); the speeds against ORT's node are in bench/group_query_attention.py's results.
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   static GroupQueryAttentionOp<FloatType::kFloat32, false> cpu_f32;
   static GroupQueryAttentionOp<FloatType::kFloat16, false> cpu_f16;
@@ -264,8 +263,8 @@ void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   domain.Add(&cpu_f16);
   domain.Add(&cpu_bf16);
 #ifdef ORT_MTP_WITH_CUDA
-  const char* opt_in = std::getenv("ORT_MTP_GQA_CUDA");
-  if (with_cuda && opt_in != nullptr && std::string(opt_in) == "1") {
+  const char* choice = std::getenv("ORT_MTP_GQA_CUDA");
+  if (with_cuda && !(choice != nullptr && std::string(choice) == "0")) {
     static GroupQueryAttentionOp<FloatType::kFloat32, true> cuda_f32;
     static GroupQueryAttentionOp<FloatType::kFloat16, true> cuda_f16;
     static GroupQueryAttentionOp<FloatType::kBFloat16, true> cuda_bf16;

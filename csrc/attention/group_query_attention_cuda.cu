@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <type_traits>
 
 #include "attention/group_query_attention.h"
 #include "common/cuda_numeric.cuh"
@@ -314,6 +315,254 @@ __global__ void __launch_bounds__(32 * kMaxFrag) CombineKernel(const GqaParams p
   if (f < H) out[f] = FromF<T>(__fdiv_rn(__fmul_rn(acc, extra), L));
 }
 
+// ---- the prefill: S > kRowsPerPass, float16 / bfloat16, head sizes 32, 64, 128, 256 (tensor cores) ----
+//
+// A flash-attention kernel: block (query tile, batch, q head) takes 64 query rows (4 warps of 16) and walks
+// the keys they see in tiles of 64 positions, ascending; per tile, S = Q K^T and O += P V on mma.sync
+// m16n8k16 (T inputs, float32 accumulation), the softmax online (running max and sum per row, O rescaled
+// when the max grows), the weights P rounded to T for the second product. Its rows depend on where they
+// fall in the query tile, so a width-S prefill is not bit-identical to S width-1 calls: that is allowed
+// for widths above kRowsPerPass only, which greedy decoding and MTP both take the same way (the prompt's
+// prefill); decode, verify and re-advance widths (1..16) always go through the passes above.
+constexpr int kPrefillRows = 64;   // query rows per block: kPrefillWarps warps of 16
+constexpr int kPrefillKeys = 64;   // cache positions per key tile
+constexpr int kPrefillWarps = 4;
+static_assert(kPrefillRows == 16 * kPrefillWarps, "a warp's mma tile is 16 rows");
+
+template <typename T>
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats as one 32-bit pair of T, `lo` in the low half (the lower column).
+template <typename T>
+__device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ uint32_t Load32(const void* smem) { return *reinterpret_cast<const uint32_t*>(smem); }
+
+// Grid: (query tiles, batch * q heads); kPrefillWarps warps; dynamic shared memory: the Q tile and one K and
+// one V tile, rows of HP + 8 elements (the pad puts the 8 rows a fragment load touches in different banks).
+// Lane (g = lane / 4, t = lane % 4) of warp w holds rows 16 w + g and 16 w + g + 8 of the tile (mma's
+// accumulator layout: columns 2 t, 2 t + 1 of each 8-column block).
+template <typename T, int HP>
+__global__ void __launch_bounds__(kPrefillWarps * 32) PrefillKernel(const GqaParams p) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int LD = HP + 8;
+  constexpr int kVec = 8;  // elements per 16-byte load
+  T* qs = reinterpret_cast<T*>(smem_raw);
+  T* ks = qs + kPrefillRows * LD;
+  T* vs = ks + kPrefillKeys * LD;
+  const int64_t qt = static_cast<int64_t>(gridDim.x) - 1 - blockIdx.x;  // the tiles that see the most keys first
+  const int64_t bh = blockIdx.y;
+  const int64_t b = bh / p.num_heads, h = bh % p.num_heads;
+  const int64_t kvh = h / (p.num_heads / p.kv_num_heads);
+  const int64_t s0 = qt * kPrefillRows;
+  const int rows = static_cast<int>(p.seq - s0 < kPrefillRows ? p.seq - s0 : kPrefillRows);
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int64_t row_stride = static_cast<int64_t>(p.num_heads) * HP;  // query and output rows
+  T* out = static_cast<T*>(p.output) + (b * p.seq + s0) * row_stride + h * HP;
+  const int64_t past = PastOf(p, b);
+  if (past < 0) {  // bad seqlens_k: NaN rows, as the passes write
+    for (int e = t; e < rows * HP; e += blockDim.x) out[(e / HP) * row_stride + e % HP] = FromF<T>(__int_as_float(0x7fc00000));
+    return;
+  }
+  const T* q = static_cast<const T*>(p.query) + (b * p.seq + s0) * row_stride + h * HP;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int e = t * kVec; e < kPrefillRows * HP; e += blockDim.x * kVec) {
+    const int r = e / HP, f = e % HP;
+    *reinterpret_cast<uint4*>(qs + r * LD + f) = r < rows ? *reinterpret_cast<const uint4*>(q + r * row_stride + f) : zero;
+  }
+
+  // The block's keys [lo, hi]; each lane's two rows' [first, last] (last = -1: a row past the call's end).
+  int64_t lo, hi, unused;
+  RowRange(p, past, s0, lo, unused);
+  hi = past + s0 + rows - 1;
+  const int g = lane >> 2, tq = lane & 3;
+  const int ra = warp * 16 + g, rb = ra + 8;
+  int64_t first_a = 0, last_a = -1, first_b = 0, last_b = -1;
+  if (ra < rows) RowRange(p, past, s0 + ra, first_a, last_a);
+  if (rb < rows) RowRange(p, past, s0 + rb, first_b, last_b);
+  const bool active = warp * 16 < rows;
+  int64_t w_first = 0, w_last = -1;
+  if (active) {
+    RowRange(p, past, s0 + warp * 16, w_first, unused);
+    w_last = past + s0 + (warp * 16 + 15 < rows ? warp * 16 + 15 : rows - 1);
+  }
+
+  const T* keys = static_cast<const T*>(p.present_key) + (b * p.kv_num_heads + kvh) * p.present_len * HP;
+  const T* values = static_cast<const T*>(p.present_value) + (b * p.kv_num_heads + kvh) * p.present_len * HP;
+  float o[HP / 8][4];
+#pragma unroll
+  for (int n = 0; n < HP / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;
+
+  for (int64_t k0 = lo / kPrefillKeys * kPrefillKeys; k0 <= hi; k0 += kPrefillKeys) {
+    __syncthreads();  // every warp is done with the previous tile (and, the first time, the Q tile is in)
+    for (int e = t * kVec; e < kPrefillKeys * HP; e += blockDim.x * kVec) {
+      const int j = e / HP, f = e % HP;
+      const int64_t pos = k0 + j;
+      const bool in = pos >= lo && pos <= hi;  // zeros elsewhere: a masked weight times a finite value
+      *reinterpret_cast<uint4*>(ks + j * LD + f) = in ? *reinterpret_cast<const uint4*>(keys + pos * HP + f) : zero;
+      *reinterpret_cast<uint4*>(vs + j * LD + f) = in ? *reinterpret_cast<const uint4*>(values + pos * HP + f) : zero;
+    }
+    __syncthreads();
+    if (!active || k0 > w_last || k0 + kPrefillKeys - 1 < w_first) continue;
+
+    float sc[kPrefillKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kPrefillKeys / 8; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < HP / 16; ++kk) {
+      const T* qa = qs + ra * LD + kk * 16 + 2 * tq;
+      const uint32_t a[4] = {Load32(qa), Load32(qa + 8 * LD), Load32(qa + 8), Load32(qa + 8 * LD + 8)};
+#pragma unroll
+      for (int j = 0; j < kPrefillKeys / 8; ++j) {
+        const T* kb = ks + (j * 8 + g) * LD + kk * 16 + 2 * tq;
+        Mma16816<T>(sc[j], a, Load32(kb), Load32(kb + 8));
+      }
+    }
+
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kPrefillKeys / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int64_t key = k0 + j * 8 + 2 * tq + (i & 1);
+        float s = __fmul_rn(sc[j][i], p.scale);
+        if (p.softcap > 0.f) s = __fmul_rn(p.softcap, tanhf(__fdiv_rn(s, p.softcap)));
+        const bool seen = i < 2 ? key >= first_a && key <= last_a : key >= first_b && key <= last_b;
+        s = seen ? s : -INFINITY;
+        sc[j][i] = s;
+        if (i < 2) mx_a = fmaxf(mx_a, s); else mx_b = fmaxf(mx_b, s);
+      }
+    }
+#pragma unroll
+    for (int o2 = 1; o2 <= 2; o2 <<= 1) {  // the quad of lanes sharing the rows
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, o2));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, o2));
+    }
+    const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
+    // -inf - -inf is NaN: a row that has seen no key yet keeps m = -inf, its weights 0 and O untouched.
+    const float corr_a = new_a == -INFINITY ? 1.f : expf(m_a - new_a);
+    const float corr_b = new_b == -INFINITY ? 1.f : expf(m_b - new_b);
+    m_a = new_a;
+    m_b = new_b;
+    float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPrefillKeys / 8; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float m = i < 2 ? m_a : m_b;
+        const float e = sc[j][i] == -INFINITY ? 0.f : expf(sc[j][i] - m);
+        sc[j][i] = e;
+        if (i < 2) sum_a += e; else sum_b += e;
+      }
+    }
+    l_a = l_a * corr_a + sum_a;
+    l_b = l_b * corr_b + sum_b;
+#pragma unroll
+    for (int n = 0; n < HP / 8; ++n) {
+      o[n][0] *= corr_a;
+      o[n][1] *= corr_a;
+      o[n][2] *= corr_b;
+      o[n][3] *= corr_b;
+    }
+
+    // O += P V: P's A fragment for keys 16 kk .. 16 kk + 15 is the accumulators of S's column blocks 2 kk
+    // and 2 kk + 1; V's B fragments come transposed from the row-major tile through ldmatrix.
+#pragma unroll
+    for (int kk = 0; kk < kPrefillKeys / 16; ++kk) {
+      const uint32_t a[4] = {PackPair<T>(sc[2 * kk][0], sc[2 * kk][1]), PackPair<T>(sc[2 * kk][2], sc[2 * kk][3]),
+                             PackPair<T>(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                             PackPair<T>(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+      for (int n = 0; n < HP / 16; ++n) {
+        const T* vb = vs + (kk * 16 + (lane & 15)) * LD + n * 16 + (lane >> 4) * 8;
+        const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(vb));
+        uint32_t b0, b1, b2, b3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(addr));
+        Mma16816<T>(o[2 * n], a, b0, b1);
+        Mma16816<T>(o[2 * n + 1], a, b2, b3);
+      }
+    }
+  }
+  if (!active) return;
+
+#pragma unroll
+  for (int o2 = 1; o2 <= 2; o2 <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, o2);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, o2);
+  }
+  float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
+  if (p.smooth_softmax) {  // the denominator also counts a logit 0
+    const float fa = fmaxf(m_a, 0.f), fb = fmaxf(m_b, 0.f);
+    const float ea = expf(m_a - fa), eb = expf(m_b - fb);
+    inv_a = ea / (l_a * ea + expf(-fa));
+    inv_b = eb / (l_b * eb + expf(-fb));
+  }
+#pragma unroll
+  for (int n = 0; n < HP / 8; ++n) {
+    const int f = n * 8 + 2 * tq;
+    if (ra < rows) *reinterpret_cast<uint32_t*>(out + ra * row_stride + f) = PackPair<T>(o[n][0] * inv_a, o[n][1] * inv_a);
+    if (rb < rows) *reinterpret_cast<uint32_t*>(out + rb * row_stride + f) = PackPair<T>(o[n][2] * inv_b, o[n][3] * inv_b);
+  }
+}
+
+template <typename T, int HP>
+const char* LaunchPrefill(const GroupQueryAttentionProblem& p, const GqaParams& prm, cudaStream_t stream) {
+  const size_t smem = static_cast<size_t>(kPrefillRows + 2 * kPrefillKeys) * (HP + 8) * sizeof(T);
+  if (const cudaError_t err = cudaFuncSetAttribute(PrefillKernel<T, HP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem));
+      err != cudaSuccess)
+    return cudaGetErrorString(err);
+  const dim3 grid(static_cast<unsigned>((p.seq + kPrefillRows - 1) / kPrefillRows), static_cast<unsigned>(p.batch * p.num_heads));
+  PrefillKernel<T, HP><<<grid, kPrefillWarps * 32, smem, stream>>>(prm);
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
+  return nullptr;
+}
+
+bool Aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// The prefill kernel takes a call when it is wider than a decode / verify pass, 16-bit, of a head size it
+// has, with 16-byte aligned rows, and a grid that fits; otherwise the passes do (slower, same results).
+template <typename T>
+const char* TryPrefill(const GroupQueryAttentionProblem& p, const GqaParams& prm, cudaStream_t stream, bool& done) {
+  done = false;
+  if constexpr (sizeof(T) != 2) {
+    return nullptr;
+  } else {
+    if (p.seq <= kRowsPerPass || p.batch * p.num_heads > 65535 || (p.seq + kPrefillRows - 1) / kPrefillRows > 0x7FFFFFFFLL)
+      return nullptr;
+    if (!Aligned16(p.query) || !Aligned16(p.output) || !Aligned16(p.present_key) || !Aligned16(p.present_value))
+      return nullptr;
+    done = true;
+    switch (p.head_size) {
+      case 32: return LaunchPrefill<T, 32>(p, prm, stream);
+      case 64: return LaunchPrefill<T, 64>(p, prm, stream);
+      case 128: return LaunchPrefill<T, 128>(p, prm, stream);
+      case 256: return LaunchPrefill<T, 256>(p, prm, stream);
+      default: done = false; return nullptr;
+    }
+  }
+}
+
 int FragFor(int64_t head_size) {
   const int64_t per_lane = (head_size + 31) / 32;
   return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : 8;
@@ -356,6 +605,9 @@ const char* Launch(const GroupQueryAttentionProblem& p, const GqaParams& prm, fl
   const dim3 fill(static_cast<unsigned>(p.batch * p.kv_num_heads), static_cast<unsigned>(rows < 65535 ? rows : 65535));
   FillKernel<T><<<fill, kFillThreads, 0, stream>>>(prm);
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
+  bool done = false;
+  if (const char* why = TryPrefill<T>(p, prm, stream, done)) return why;
+  if (done) return nullptr;
   switch (FragFor(p.head_size)) {
     case 1: return LaunchPasses<T, 1>(p, prm, scratch, stream);
     case 2: return LaunchPasses<T, 2>(p, prm, scratch, stream);
