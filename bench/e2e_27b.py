@@ -8,7 +8,8 @@ same configuration, and the per-op row identity of a width-4 verify on CUDA
     python3 bench/e2e_27b.py [--folder /tmp/models_qwen35_27b] [--prompts 4] [--new-tokens 128]
                              [--repetitions 3] [--phases] [--temperatures 0.7,1.0]
 
-Builds the folder first when it is missing (`qwen35-27b`, int4, CUDA, state_window 4; ~25 s on
+Builds the folder first when it is missing (`qwen35-27b`, int4, CUDA, --state-window 5 slots so that
+k = 4's verify commits without a re-advance; ~25 s on
 16 cores). Each (configuration, mode) runs every prompt once to warm up (CUDA graphs captured), then
 --repetitions measured passes; tok/s is the median over prompts of each prompt's median new tokens /
 decode seconds, beside the time to first token (the prefill), the achieved weight bandwidth (weight
@@ -38,14 +39,14 @@ MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
 MAIN_FORWARDS = ("decode", "verify", "re-advance")  # forwards of the main graph after the prompt's
 
 
-def ensure_folder(folder: Path) -> dict:
+def ensure_folder(folder: Path, state_window: int) -> dict:
     if (folder / "genai_config.json").is_file():
         return {"built": False}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "models", "build", "--preset", "qwen35-27b", "--out", str(folder),
-                    "--precision", "int4", "--ep", "cuda", "--state-window", "4", "--overwrite"],
+                    "--precision", "int4", "--ep", "cuda", "--state-window", str(state_window), "--overwrite"],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    return {"built": True, "seconds": round(time.perf_counter() - start, 1)}
+    return {"built": True, "seconds": round(time.perf_counter() - start, 1), "state_window": state_window}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -267,6 +268,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--prompt-length", type=int, default=64)
+    ap.add_argument("--state-window", type=int, default=5, help="slots of the folder built when it is missing (k + 1 for k = 4)")
     ap.add_argument("--provider", default="cuda", help="cpu: a dry run of the script on a CPU folder")
     ap.add_argument("--configurations", default="ours,ort,genai",
                     help="any of ours, ours_mm (ours with only the MatMulNBits rewrite: ORT's own linear-attention "
@@ -282,7 +284,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     folder = Path(args.folder)
     report = {"folder": str(folder), "provider": args.provider, "new_tokens": args.new_tokens, "prompt_length": args.prompt_length,
-              "build": ensure_folder(folder)}
+              "build": ensure_folder(folder, args.state_window)}
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
     rng = np.random.default_rng(0)  # token-id prompts: the tokenizer's real tokens are the low ids
     prompts = [rng.integers(0, min(vocab, 8000), args.prompt_length).tolist() for _ in range(args.prompts)]

@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     from driver.generator import Generator
 
     folder = Path(args.folder)
-    ensure_folder(folder)
+    ensure_folder(folder, 5)
     prompt = [int(t) for t in np.random.default_rng(7).integers(100, 20000, size=64)]
     runs = []
     rewrite = True if args.rewrite == "all" else tuple(args.rewrite.split(","))

@@ -8,8 +8,8 @@ so that its rows and states do not depend on the width either; a block is replac
 library's GatedDeltaNet runs it on the session's device (a CPU kernel alone does not count for CUDA),
 and a block that does not fit the pattern is kept on ORT's ops (logged, with the reason). Every
 com.microsoft GroupQueryAttention node becomes ort_mtp::GroupQueryAttention (ops.attention), whose
-query rows do not depend on the width, where the library runs it on the device (CPU kernels only so
-far: CUDA sessions keep ORT's). Every ONNX MatMul with a constant narrow weight (the Gated DeltaNet's
+query rows do not depend on the width, where the library runs it on the device (a CUDA build does
+unless ORT_MTP_GQA_CUDA=0; otherwise CUDA sessions keep ORT's). Every ONNX MatMul with a constant narrow weight (the Gated DeltaNet's
 a and b projections) becomes ort_mtp::MatMul (ops.float_matmul), whose rows do not depend on the
 number of rows, where the library runs it on the device. The rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
 the model folder for the external weights, so a read-only folder works and no derived file is ever

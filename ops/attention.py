@@ -6,8 +6,8 @@ total_sequence_length), its outputs and its attributes; nothing else in the grap
 asks for what our op does not compute is kept as it is and reported with the reason: packed QKV (no key
 input), rotary inside the op (do_rotary=1), cos/sin caches, position ids, an attention bias, head sinks,
 the QK output (named as the value that blocks it), an unknown attribute (a quantized KV cache, ...), or a type the library has no kernel for
-on the model's execution provider (`available`, asked once per type: the library has CPU kernels only
-so far, so CUDA models keep ORT's node).
+on the model's execution provider (`available`, asked once per type: a CPU-only build, or a CUDA build
+run with ORT_MTP_GQA_CUDA=0, has no CUDA kernel, so CUDA models then keep ORT's node).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ def test_a_changed_value_changes_the_rendering(report, data):
     readme = (REPO / "README.md").read_text()
     before = report.render(readme, data)
     changed = copy.deepcopy(data)
-    tiles = next(c for c in changed["e2e"]["json"]["configurations"] if c["label"] == "tiles")
-    tiles["modes"]["greedy"]["tok_s_median"] = 321.0
+    ours = next(c for c in changed["e2e"]["json"]["configurations"] if c["label"] == "ours")
+    ours["modes"]["greedy"]["tok_s_median"] = 321.0
     changed["gemv"]["json"]["table"]["chain"]["8"]["ours"]["us"] = 2 * 129.2
     after = report.render(readme, changed)
     assert after != before
@@ -55,12 +55,12 @@ def test_a_changed_value_changes_the_rendering(report, data):
 
 def test_check_fails_on_a_drifted_readme(report, data, tmp_path):
     readme = (REPO / "README.md").read_text()
-    drifted = readme.replace("| 104.8 |", "| 104.9 |", 1)
+    drifted = readme.replace("tiles layout) | 119.1 |", "tiles layout) | 119.2 |", 1)
     assert drifted != readme
     path = tmp_path / "README.md"
     path.write_text(drifted)
     ok, diff = report.check(path, data)
-    assert not ok and "104.9" in diff and "104.8" in diff
+    assert not ok and "119.2" in diff and "119.1" in diff
 
 
 def test_a_missing_marker_is_an_error(report, data):
@@ -71,10 +71,10 @@ def test_a_missing_marker_is_an_error(report, data):
 def test_check_exit_status(report, tmp_path, monkeypatch, capsys):
     assert report.main(["--check"]) == 0
     path = tmp_path / "README.md"
-    path.write_text((REPO / "README.md").read_text().replace("| 104.8 |", "| 104.9 |", 1))
+    path.write_text((REPO / "README.md").read_text().replace("tiles layout) | 119.1 |", "tiles layout) | 119.2 |", 1))
     monkeypatch.setattr(report, "README", path)
     assert report.main(["--check"]) == 1
-    assert "+| MatMulNBits' row-major layout | 104.8 |" in capsys.readouterr().out
+    assert "+| `python -m driver generate` (the defaults: our ops, tiles layout) | 119.1 |" in capsys.readouterr().out
 
 
 def test_every_markdown_link_resolves():

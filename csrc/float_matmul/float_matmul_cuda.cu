@@ -1,10 +1,13 @@
 // The MatMul op's CUDA kernel (float_matmul.h). One block per group of 8 output columns and pass of up to
 // R rows; the block's 512 threads split K by residue (thread t takes k = t, t + 512, ...), so adjacent
 // threads read adjacent rows of A and B, and a thread's 8 columns of B are one 16-byte load (fp16/bf16,
-// when N % 8 == 0). The partial sums meet in a fixed order: pairs of lanes 16, 8, 4, 2, 1 apart within
-// each warp (HalvingSum), then the 16 warps' sums in ascending order through shared memory. R (1, 2, 4 or 8) is picked from M
-// only to skip work on rows that do not exist: every row follows the same sequence of float32
-// operations in every R, so row m's bits never depend on M.
+// when N % 8 == 0). A thread's k loop is unrolled (kUnroll) so that the loads of several of its k are in
+// flight together: at the a/b projections' K = 5120 a thread has 10 k, and the kernel's time is their
+// memory round trips, not arithmetic. The partial sums meet in a fixed order: pairs of lanes 16, 8, 4, 2, 1 apart within
+// each warp (HalvingSum), then the 16 warps' sums in ascending order through shared memory. R (1 or 8)
+// is picked from M only to skip work on rows that do not exist: every row follows the same sequence of
+// float32 operations in every R and unrolling, so row m's bits never depend on M. (R = 2 and 4 took
+// longer at M = 2..4 than R = 8 at M = 5..8 on an H200: bench/results/2026-12-03-float-matmul.)
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -73,6 +76,9 @@ __device__ __forceinline__ void HalvingSum(float* vals, int lane, int& base) {
   }
 }
 
+template <int R>
+constexpr int kUnroll = R == 1 ? 8 : 2;  // R = 8 at 4: past the 128 registers 512 threads may each have
+
 template <typename T, int R, bool kVector>
 __global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restrict__ a, const T* __restrict__ b,
                                                              T* __restrict__ y, int64_t m, int k, int n) {
@@ -90,7 +96,7 @@ __global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restric
     float acc[kValues];
 #pragma unroll
     for (int v = 0; v < kValues; ++v) acc[v] = 0.f;
-#pragma unroll 2
+#pragma unroll(kUnroll<R>)
     for (int kk = threadIdx.x; kk < k; kk += kThreads) {
       float bv[kCols];
       LoadB<T, kVector>(b, kk, n, c0, bv);
@@ -140,8 +146,6 @@ template <typename T>
 void Launch(const FloatMatMulProblem& p, cudaStream_t stream) {
   const bool vector = p.n % kCols == 0 && reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
   if (p.m == 1) return LaunchR<T, 1>(p, vector, stream);
-  if (p.m == 2) return LaunchR<T, 2>(p, vector, stream);
-  if (p.m <= 4) return LaunchR<T, 4>(p, vector, stream);
   return LaunchR<T, 8>(p, vector, stream);
 }
 

@@ -1,5 +1,5 @@
-"""ort_mtp::GroupQueryAttention on the device: the checks of the group-query-attention group (run with
-ORT_MTP_GQA_CUDA=1, which registers the CUDA kernel; csrc/attention/group_query_attention_cuda.cu).
+"""ort_mtp::GroupQueryAttention on the device: the checks of the group-query-attention group (the CUDA
+kernel, registered by default: csrc/attention/group_query_attention_cuda.cu).
 
 Every case has fresh random inputs from the run's seed (ops.group_query_attention.random_case: `past`
 cached positions in a longer buffer whose other positions are random too, S new tokens), runs the

@@ -70,11 +70,11 @@ GATED_DELTA_NET = [
             cases_gated_delta_net.check_gated_delta_net, {"ORT_MTP_GDN_COLS": str(cols)}) for cols in (8, 128)),
 ]
 
-# The CUDA kernel is registered only with ORT_MTP_GQA_CUDA=1 while it is slower than ORT's node at S=1 and in prefill (see the .cc).
+# The CUDA kernel is registered by default (ORT_MTP_GQA_CUDA=0 would leave it out: see the .cc).
 GROUP_QUERY_ATTENTION = [
     Group("group-query-attention", "GroupQueryAttention: CUDA against our CPU op (27B-class layer, presets, "
           "windows, softcap, random shapes, fp16/bf16/fp32), width S bit-identical to S width-1 calls, shared "
-          "buffer, bad seqlens_k", cases_group_query_attention.check_group_query_attention, {"ORT_MTP_GQA_CUDA": "1"}),
+          "buffer, bad seqlens_k", cases_group_query_attention.check_group_query_attention),
 ]
 
 FLOAT_MATMUL = [

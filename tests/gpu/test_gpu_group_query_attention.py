@@ -1,7 +1,6 @@
 """ort_mtp::GroupQueryAttention's CUDA kernel (cases_group_query_attention.py): against our CPU op within a
 tolerance derived from the arithmetic, a width-S call bit-identical to S width-1 calls (every output row
-and the cache), the shared past/present buffer, and a bad seqlens_k; in its own process with the kernel
-registered (ORT_MTP_GQA_CUDA=1)."""
+and the cache), the shared past/present buffer, and a bad seqlens_k; in its own process."""
 
 from __future__ import annotations
 
