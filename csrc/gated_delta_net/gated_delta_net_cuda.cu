@@ -1,26 +1,46 @@
-// CUDA kernel of GatedDeltaNet: the whole linear-attention mixer of one layer in two launches (no
-// allocation, no host synchronisation, capturable in a CUDA graph): the recurrence, then a finishing
-// kernel that applies the gated RMSNorm to its output and writes the conv state.
+// CUDA kernel of GatedDeltaNet: the whole linear-attention mixer of one layer (no allocation, no host
+// synchronisation, capturable in a CUDA graph): GdnKernel (conv features, l2 norms, gates, the
+// recurrence, y's GatedRMSNorm), then FinishKernel (present_conv; y's norm only where no block or
+// cluster holds a whole row of o).
 //
-// GdnKernel: one block per (batch, v head, group of `cols` state columns), looping over the call's
-// tokens in order. A column j of the dk x dv state evolves on its own (r_j = S[:, j] . k, delta_j,
-// S[:, j] += k delta_j, o_j = S[:, j] . q), so the columns are split over blocks: the 27B-class layer
-// (Hv = 48, dv = 128) runs 48 x 2 blocks of 64 columns. Thread (cp, rg)
-// of warp w owns columns j0 = c0 + 2 (4 w + cp) and j0 + 1 (c0: the block's first column), rows
-// i = 8 ii + rg (ii < kRows), in float32 registers for the whole call (lane = 8 cp + rg: a column's 8 row
-// groups are 8 lanes of one warp; 32 cols / 8 threads). Per chunk of up to kChunk tokens the block first
-// computes, in shared memory, what the recurrence reads (the causal conv + SiLU of its q/k head's
-// channels and of its v columns, the l2 norms and q scale, the gates; every block of a head computes the
-// same q and k by the same code), then runs the gated delta rule token by token:
-//   S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q
-// and writes o, rounded to T (the subgraph's LinearAttention output), into y. FinishKernel then does
-// y = GatedRMSNorm(o) * silu(z) per (batch, token, v head) row, one warp per row, and writes present_conv.
-// Every sum has one order, fixed by dk and dv alone (not by the width, nor by `cols`): a thread's rows in
-// ascending ii over four interleaved accumulators ((a0 + a1) + (a2 + a3)), then the 8 row groups by a
-// shuffle butterfly (xor 1, 2, 4); the l2 norms by a warp (lanes' strided partial sums, butterfly xor
-// 16..1); the RMS over dv likewise. Every operation on the data path is an explicit round-to-nearest
-// intrinsic (__fmaf_rn, __fmul_rn, ...), so the compiler cannot contract or reassociate it differently
-// in different code paths.
+// WHAT BOUNDS IT. One block per (batch, v head, group of `cols` state columns): 96 blocks of 320 threads
+// for the 27B-class layer (Hv = 48, dv = 128, 64 columns) on 132 SMs, one block per SM, so each SM runs
+// ~10 warps through a chain of dependent steps (loads -> conv -> norm -> recurrence -> norm -> stores).
+// It moves ~1.5 MB of state per slot and does almost no arithmetic, so neither bandwidth nor FLOPs
+// bound it: the time is the length of one warp's instruction stream times its stall per instruction.
+// Nsight Compute on the first kernel (bench/results/2026-12-02-gdn-speed) counted ~2270 instructions
+// per warp at S = 1, most of them index arithmetic (integer divisions for the block -> head mapping and
+// in every per-element loop, 64-bit offsets, bounds checks) and serial global-load round trips. The
+// design below therefore (1) issues every global load of a phase before using any (one memory round trip
+// for the conv inputs, gates and norm inputs; the past state by cp.async into shared memory while the
+// features are computed), (2) takes the block's head from a 3D grid and, for the 27B-class shape,
+// instantiates the same code with dk, dv, K and cols as constants (GdnKernel<..., 128, 128, 4, 64>), so
+// that index arithmetic folds away, and (3) moves whole 16-byte pieces of state rows (zero slots,
+// stored slots) through a shared-memory stage instead of 2-element accesses strided by a row.
+//
+// THE PHASES of GdnKernel, per chunk of up to kChunk tokens (S = 1..8: one chunk):
+//   features: thread tid holds one channel: q channel tid (tid < kpad = dk rounded up to 32), k channel
+//     tid - kpad, or the block's v column tid - 2 kpad. It loads its conv weights, bias and the chunk's
+//     window of inputs (past conv state, then qkv) at once, computes conv + SiLU for each token, rounded
+//     to T. q and k: each warp sums its lanes' squares by a butterfly (xor 16..1), lane 0 stores the
+//     warp's sum; after a barrier each lane adds its vector's warp sums in ascending order, takes the l2
+//     norm and rounds (q then scaled and rounded again). One thread per token computes the gates.
+//   recurrence: thread (cp, rg) of state warp w (w < cols / 8) owns columns jl = 2 (4 w + cp) and jl + 1
+//     of the block, rows i = 8 ii + rg (ii < kRows), in float32 registers for the whole call (read from
+//     the staged past state). Per token: S *= exp(g); r = S^T k; S += k (beta (v - r))^T; o = S^T q, each
+//     column sum over the thread's rows in ascending ii into four interleaved accumulators ((a0 + a1) +
+//     (a2 + a3)), then the 8 row groups by a butterfly (xor 1, 2, 4). o is rounded to T into shared
+//     memory; the state is rounded to S and, for a token whose slot is stored, written to the stage and
+//     copied to that present slot in 16-byte pieces.
+//   y: GatedRMSNorm of each token's o row by one warp (NormRow: ss over j = lane + 32 m ascending, a
+//     butterfly, y = o / sqrt(ss / dv + eps) * w * silu(z)). Where the block holds all dv columns
+//     (cols >= dv) it reads its own o; where 2..8 blocks share the row (64 columns: 2) they are launched
+//     as a thread-block cluster (sm_90) and the warp reads the other blocks' o through distributed shared
+//     memory between two cluster barriers; otherwise (16 blocks, or before sm_90) GdnKernel writes o into
+//     y and FinishKernel norms the rows. All three run NormRow on the same values.
+// Every sum has one order, fixed by dk and dv alone (not by the width, nor by `cols`, nor by which of the
+// two instantiations runs), and every operation on the data path is an explicit round-to-nearest
+// intrinsic (__fmaf_rn, __fmul_rn, ...), so no path can contract or reassociate it differently.
 //
 // Rounding points are those of the CPU kernel (gated_delta_net_cpu.cc) and the com.microsoft subgraph:
 // conv output, normed k, normed q and scaled q, g, beta, o and y are rounded to T; the state is rounded
@@ -30,20 +50,28 @@
 // calls (tests/gpu/cases_gated_delta_net.py checks it). The CUDA results differ from the CPU kernel's
 // (which computes in double) by float32 rounding, which can flip a rounding to T by one unit.
 //
-// In place (present bound to past): each thread reads its own elements of the past recurrent slot into
-// registers before it writes anything, and writes exactly those elements of every slot it stores (the
-// zero slots below W - S included; they are never the slot read). So no thread, and no block, reads
-// what another writes. The conv state is different: a q/k head's channels are read by every block of
-// its v heads, so no block may overwrite them while another may still read them: FinishKernel writes
-// present_conv after GdnKernel has finished (stream order), one thread per (batch, channel), each
-// reading its channel's past slot before writing it over.
+// In place (present bound to past). Recurrent state: a block reads only its own region of the past slot
+// (the stage copy completes before the barrier that ends the features), and writes that region of a
+// present slot only after later barriers; the zero slots below W - S are never the slot read. So no
+// block reads what another writes. Conv state: a q/k head's channels are read by every block of its v
+// heads, so FinishKernel writes present_conv, one thread per (batch, channel), each loading every value
+// its slots hold before it stores any. It is launched with programmatic dependent launch where the
+// device has it (sm_90): GdnKernel triggers it once each block has consumed its reads of past_conv (after
+// the first chunk's features), so its blocks run while the recurrence runs; each of its threads then
+// waits for GdnKernel to complete before it exits (or, for y's norm, before it reads o), so that what
+// follows on the stream sees both kernels' writes. (A profile that sums kernel durations counts that
+// overlap twice.) Without it, FinishKernel runs after GdnKernel in stream order.
 //
 // ORT_MTP_GDN_COLS (8, 16, 32, 64 or 128; read once per process) sets the columns per block, a speed
-// knob only: a column's arithmetic is the same in any block.
+// knob only: a column's arithmetic is the same in any block, and y's norm is the same function in every
+// mode.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <type_traits>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -56,9 +84,16 @@ namespace {
 
 constexpr int kMaxHeadDim = kGdnCudaMaxHeadDim;  // dk and dv
 constexpr int kChunk = 8;                         // tokens whose features are staged in shared memory at once
-constexpr int kMaxWarps = kMaxHeadDim / 8;        // 8 columns per warp
-constexpr int kMaxThreads = kMaxWarps * 32;
+constexpr int kMaxThreads = 4 * kMaxHeadDim;      // 8 columns per warp (128 columns: 16 warps)
+constexpr int kFastKernel = 8;                    // conv kernels up to this: every input loaded at once
+constexpr int kWindow = kFastKernel - 1 + kChunk;  // conv inputs of a chunk's tokens, per channel
+constexpr int kMaxClusterBlocks = 8;              // the portable cluster size
 constexpr unsigned kFull = 0xffffffffu;
+
+// How y's GatedRMSNorm is done: by FinishKernel (the row is split over blocks that share no memory), by
+// the block (it owns all dv columns), or by the blocks of a thread-block cluster (sm_90: they read each
+// other's o through distributed shared memory). The same arithmetic in the same order in all three.
+enum NormMode : int { kNormFinish = 0, kNormBlock = 1, kNormCluster = 2 };
 
 struct GdnParams {
   const void* qkv;
@@ -80,7 +115,9 @@ struct GdnParams {
   int cols, col_blocks;  // state columns per block (a multiple of 8), blocks per (batch, v head)
   float scale, epsilon, l2norm_epsilon;
   int dt_bias_type, neg_exp_a_type;  // FloatType
-  bool pair_access;  // dv even and the recurrent state buffers aligned for 2-element accesses
+  int norm_mode;                     // NormMode
+  uint64_t group_magic;              // h -> h / (Hv / Hk) as (h * group_magic) >> 32 (exact for h < 2^16)
+  bool vec_state;  // the recurrent state's block rows can be moved in 16-byte pieces (sizes and addresses)
 };
 
 using cuda::FromF;
@@ -102,8 +139,9 @@ __device__ __forceinline__ float Softplus(float x) {
   return x > 0.f ? __fadd_rn(x, log1pf(expf(-x))) : log1pf(expf(x));
 }
 
-// Causal conv + SiLU of channel c at token t of batch b, rounded to T. Inputs before the call's first
-// token come from the past conv state, whose last position holds token -1.
+// Causal conv + SiLU of channel c at token t of batch b, rounded to T, one tap after the other (the
+// general path, K > kFastKernel; the fast path does the same operations in the same order). Inputs
+// before the call's first token come from the past conv state, whose last position holds token -1.
 template <typename T>
 __device__ float ConvSilu(const GdnParams& p, int64_t b, int64_t t, int64_t c) {
   const int K = p.kernel, L = K - 1;
@@ -120,61 +158,134 @@ __device__ float ConvSilu(const GdnParams& p, int64_t b, int64_t t, int64_t c) {
   return RoundTo<T>(Silu(acc));
 }
 
-// Two adjacent state elements (columns j and j + 1 of one row), by one 4- or 8-byte access where `pair`
-// says both exist and the address is aligned for it, else element by element.
-__device__ __forceinline__ void LoadPair(const float* p, bool pair, bool second, float& lo, float& hi) {
-  if (pair) {
-    const float2 v = *reinterpret_cast<const float2*>(p);
-    lo = v.x;
-    hi = v.y;
-  } else {
-    lo = p[0];
-    hi = second ? p[1] : 0.f;
+// Two adjacent state elements of one row (8-byte aligned for float, 4 for 16 bits); pack rounds each to
+// S (round to nearest even, as FromF), in one instruction for 16-bit types.
+template <typename S>
+struct Pair;
+template <>
+struct Pair<float> {
+  using type = float2;
+  static __device__ float2 pack(float lo, float hi) { return make_float2(lo, hi); }
+  static __device__ float lo(float2 v) { return v.x; }
+  static __device__ float hi(float2 v) { return v.y; }
+};
+template <>
+struct Pair<__half> {
+  using type = __half2;
+  static __device__ __half2 pack(float lo, float hi) { return __floats2half2_rn(lo, hi); }
+  static __device__ float lo(__half2 v) { return __low2float(v); }
+  static __device__ float hi(__half2 v) { return __high2float(v); }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  static __device__ __nv_bfloat162 pack(float lo, float hi) { return __floats2bfloat162_rn(lo, hi); }
+  static __device__ float lo(__nv_bfloat162 v) { return __low2float(v); }
+  static __device__ float hi(__nv_bfloat162 v) { return __high2float(v); }
+};
+
+// 16 bytes global -> shared without a register round trip (cp.async, sm_80+), completed by
+// CopyAsyncWait before the next barrier.
+__device__ __forceinline__ void CopyAsync16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *static_cast<uint4*>(smem) = *static_cast<const uint4*>(gmem);
+#endif
+}
+__device__ __forceinline__ void CopyAsyncWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Programmatic dependent launch (sm_90; no-ops before, and when the launch did not opt in). Trigger:
+// the next kernel, if launched with programmatic stream serialization, may start once every block of
+// this grid has triggered or exited. Wait: until the grids this one depends on have completed and
+// their writes are visible.
+__device__ __forceinline__ void GridDependencyTrigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void GridDependencyWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Thread-block cluster (sm_90; only launched as a cluster there): a barrier over all threads of the
+// cluster's blocks (release / acquire: shared-memory writes before it are visible to every block
+// after it), and a load from the shared memory of block `rank` of the cluster at the address that
+// `local` has in this block's.
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+__device__ __forceinline__ float LoadClusterShared(const float* local, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  return *local;
+#endif
+}
+
+// A block's region of one state slot (rows < dk, its `ncols` columns; row stride dv in global memory,
+// `sstride` elements in shared memory), moved by all threads: 16-byte pieces where `vec` (the sizes and
+// addresses allow it), else element by element. In: global -> shared (asynchronous in 16-byte pieces).
+// Out: shared -> global, or zeros when `stage` is nullptr.
+// Row i, piece k of this thread's u-th piece (u = tid, tid + nthreads, ...) of a region of `units`
+// pieces per row, stepped without a division per piece.
+struct PieceWalk {
+  int i, k, di, dk, units;
+  __device__ __forceinline__ PieceWalk(int units_, int nthreads) : units(units_) {
+    const int tid = threadIdx.x;
+    i = tid / units;
+    k = tid - i * units;
+    di = nthreads / units;
+    dk = nthreads - di * units;
+  }
+  __device__ __forceinline__ void next() {
+    i += di;
+    k += dk;
+    if (k >= units) k -= units, ++i;
+  }
+};
+template <typename S>
+__device__ __forceinline__ void RegionIn(S* stage, int sstride, const S* g, int dv, int rows, int ncols, bool vec,
+                                         int nthreads) {
+  constexpr int kPer = 16 / sizeof(S);
+  const int per = vec ? kPer : 1;
+  for (PieceWalk w(ncols / per, nthreads); w.i < rows; w.next()) {
+    if (vec) {
+      CopyAsync16(stage + w.i * sstride + w.k * kPer, g + static_cast<int64_t>(w.i) * dv + w.k * kPer);
+    } else {
+      stage[w.i * sstride + w.k] = g[static_cast<int64_t>(w.i) * dv + w.k];
+    }
   }
 }
-__device__ __forceinline__ void LoadPair(const __half* p, bool pair, bool second, float& lo, float& hi) {
-  if (pair) {
-    const __half2 v = *reinterpret_cast<const __half2*>(p);
-    lo = __low2float(v);
-    hi = __high2float(v);
-  } else {
-    lo = __half2float(p[0]);
-    hi = second ? __half2float(p[1]) : 0.f;
-  }
-}
-__device__ __forceinline__ void LoadPair(const __nv_bfloat16* p, bool pair, bool second, float& lo, float& hi) {
-  if (pair) {
-    const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(p);
-    lo = __low2float(v);
-    hi = __high2float(v);
-  } else {
-    lo = __bfloat162float(p[0]);
-    hi = second ? __bfloat162float(p[1]) : 0.f;
-  }
-}
-__device__ __forceinline__ void StorePair(float* p, bool pair, bool second, float lo, float hi) {
-  if (pair) {
-    *reinterpret_cast<float2*>(p) = make_float2(lo, hi);
-  } else {
-    p[0] = lo;
-    if (second) p[1] = hi;
-  }
-}
-__device__ __forceinline__ void StorePair(__half* p, bool pair, bool second, __half lo, __half hi) {
-  if (pair) {
-    *reinterpret_cast<__half2*>(p) = __halves2half2(lo, hi);
-  } else {
-    p[0] = lo;
-    if (second) p[1] = hi;
-  }
-}
-__device__ __forceinline__ void StorePair(__nv_bfloat16* p, bool pair, bool second, __nv_bfloat16 lo,
-                                          __nv_bfloat16 hi) {
-  if (pair) {
-    *reinterpret_cast<__nv_bfloat162*>(p) = __halves2bfloat162(lo, hi);
-  } else {
-    p[0] = lo;
-    if (second) p[1] = hi;
+template <typename S>
+__device__ __forceinline__ void RegionOut(const S* stage, int sstride, S* g, int dv, int rows, int ncols, bool vec,
+                                          int nthreads) {
+  constexpr int kPer = 16 / sizeof(S);
+  const int per = vec ? kPer : 1;
+  for (PieceWalk w(ncols / per, nthreads); w.i < rows; w.next()) {
+    if (vec) {
+      const uint4 v =
+          stage ? *reinterpret_cast<const uint4*>(stage + w.i * sstride + w.k * kPer) : make_uint4(0, 0, 0, 0);
+      *reinterpret_cast<uint4*>(g + static_cast<int64_t>(w.i) * dv + w.k * kPer) = v;
+    } else {
+      g[static_cast<int64_t>(w.i) * dv + w.k] = stage ? stage[w.i * sstride + w.k] : FromF<S>(0.f);
+    }
   }
 }
 
@@ -185,264 +296,521 @@ __device__ __forceinline__ float SumRowGroups(float v) {
   v = __fadd_rn(v, __shfl_xor_sync(kFull, v, 2));
   return __fadd_rn(v, __shfl_xor_sync(kFull, v, 4));
 }
+__device__ __forceinline__ float SumWarp(float v) {
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) v = __fadd_rn(v, __shfl_xor_sync(kFull, v, m));
+  return v;
+}
+
+// GatedRMSNorm of one (batch, token, v head) row by one warp: lane holds o, z and the norm weight of
+// columns j = lane + 32 m (m < 4, j < dv; o already rounded to T). ss = sum of o^2, each lane over its
+// columns in ascending order, then a butterfly xor 16..1; y = o / sqrt(ss / dv + eps) * w * silu(z),
+// each step rounded as in the CPU kernel, y rounded to T. The only code that norms a row, whichever
+// kernel or block runs it.
+template <typename T>
+__device__ __forceinline__ void NormRow(const float (&o)[4], const float (&z)[4], const float (&w)[4], int lane,
+                                        int dv, float epsilon, T* yrow) {
+  float ss = 0.f;
+#pragma unroll
+  for (int m = 0; m < 4; ++m)
+    if (lane + 32 * m < dv) ss = __fmaf_rn(o[m], o[m], ss);
+  ss = SumWarp(ss);
+  const float inv_rms = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dv)), epsilon)));
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int j = lane + 32 * m;
+    if (j < dv) yrow[j] = FromF<T>(__fmul_rn(__fmul_rn(__fmul_rn(o[m], inv_rms), w[m]), Silu(z[m])));
+  }
+}
+template <typename T>
+__device__ __forceinline__ void LoadNormInputs(const T* zrow, const T* norm_weight, int lane, int dv, float (&z)[4],
+                                               float (&w)[4]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    const int j = lane + 32 * m;
+    z[m] = j < dv ? ToF(zrow[j]) : 0.f;
+    w[m] = j < dv ? ToF(norm_weight[j]) : 0.f;
+  }
+}
 
 // T: activations, weights, y; S: the recurrent state's type (T or float); kRows: state rows per
-// thread, 8 kRows >= dk. Thread layout: lane = 8 cp + rg, warp w; the thread owns columns j0 = c0 + 2 (4 w
-// + cp) and j0 + 1, rows i = 8 ii + rg (ii < kRows). p.pair_access: dv is even and the state buffers are
-// aligned for 2-element accesses.
-template <typename T, typename S, int kRows>
+// thread, 8 kRows >= dk. See the file's comment for the layout and the phases.
+// Threads of a block: 4 per state column (8 columns per warp), and at least one per feature channel
+// (q and k each padded to whole warps, then the block's v columns).
+__host__ __device__ constexpr int BlockThreads(int dk, int cols) {
+  return ((2 * ((dk + 31) / 32 * 32) + cols > 4 * cols ? 2 * ((dk + 31) / 32 * 32) + cols : 4 * cols) + 31) / 32 * 32;
+}
+
+// kDk, kDv, kK, kCols: the shape at compile time (the 27B-class layer's), or 0: from p at run time.
+// Both instantiations run this same code, so they compute the same values in the same order; constants
+// only remove index arithmetic (integer divisions, bounds checks), which is what bounds this
+// latency-bound kernel.
+template <typename T, typename S, int kRows, int kDk = 0, int kDv = 0, int kK = 0, int kCols = 0>
 __global__ void __launch_bounds__(kMaxThreads) GdnKernel(const GdnParams p) {
+  extern __shared__ __align__(16) unsigned char sh_dyn[];
+  S* const stage = reinterpret_cast<S*>(sh_dyn);  // [dk][sstride]: the block's columns of one state slot
   __shared__ float sh_q[kChunk][kMaxHeadDim];
   __shared__ float sh_k[kChunk][kMaxHeadDim];
   __shared__ float sh_v[kChunk][kMaxHeadDim];  // the block's columns, from 0
+  __shared__ float sh_o[kChunk][kMaxHeadDim];  // o rounded to T, the block's columns, from 0
+  __shared__ float sh_part[2 * kMaxHeadDim / 32][kChunk];  // per warp: its lanes' sum of squares
   __shared__ float sh_g[kChunk];
   __shared__ float sh_beta[kChunk];
 
-  const int tid = threadIdx.x, nthreads = blockDim.x, warp = tid >> 5, lane = tid & 31, nwarps = nthreads >> 5;
-  const int64_t task = blockIdx.x / p.col_blocks;  // b * Hv + h
-  const int c0 = static_cast<int>(blockIdx.x % p.col_blocks) * p.cols;
-  const int dk = p.dk, dv = p.dv;
-  const int cols = dv - c0 < p.cols ? dv - c0 : p.cols;  // this block's columns
-  const int rg = lane & 7, jl = 2 * (warp * 4 + (lane >> 3)), j0 = c0 + jl;
+  constexpr bool kStatic = kDk && kDv && kK && kCols;
+  const int dk = kDk ? kDk : p.dk, dv = kDv ? kDv : p.dv, pcols = kCols ? kCols : p.cols;
+  const int nthreads = kStatic ? BlockThreads(kDk, kCols) : static_cast<int>(blockDim.x);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, nwarps = nthreads >> 5;
+  // Grid: x = the block's group of columns (the cluster rank), y = v head, z = batch row.
+  const int rank = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int64_t task = static_cast<int64_t>(b) * p.hv + h;
+  const int c0 = rank * pcols;
+  // This block's columns (all blocks have pcols when it divides dv).
+  const int cols = kStatic && kDv % (kCols ? kCols : 1) == 0 ? kCols : dv - c0 < pcols ? dv - c0 : pcols;
+  const int hk = static_cast<int>((static_cast<uint64_t>(h) * p.group_magic) >> 32);  // h / (Hv / Hk), as HF and ORT
+  const int kpad = (dk + 31) & ~31;
+  const int rg = lane & 7, jl = 2 * (warp * 4 + (lane >> 3));
+  const bool state_warp = warp < (pcols >> 3);
   const bool col0 = jl < cols, col1 = jl + 1 < cols;
-  const bool pair = p.pair_access && col1;
-  const int64_t b = task / p.hv;
-  const int h = static_cast<int>(task % p.hv);
-  const int hk = h / (p.hv / p.hk);  // repeat_interleave, as HF and ORT
   const int64_t head = static_cast<int64_t>(dk) * dv;
   const int64_t slot_stride = p.batch * p.hv * head;
   const int64_t key_dim = static_cast<int64_t>(p.hk) * dk, value_dim = static_cast<int64_t>(p.hv) * dv;
+  const int64_t C = 2 * key_dim + value_dim;
+  const int sstride = pcols + static_cast<int>(16 / sizeof(S));
+  const int64_t seq = p.seq;
 
-  // This thread's elements of the past state, before anything is written (present may alias past).
-  float st0[kRows], st1[kRows];
-  {
-    const S* past = static_cast<const S*>(p.past_recurrent) + task * head;
-#pragma unroll
-    for (int ii = 0; ii < kRows; ++ii) {
-      const int i = ii * 8 + rg;
-      st0[ii] = 0.f;
-      st1[ii] = 0.f;
-      if (col0 && i < dk) LoadPair(past + i * dv + j0, pair, col1, st0[ii], st1[ii]);
-    }
-  }
-  S* present = static_cast<S*>(p.present_recurrent) + task * head;
-  // Slots before the call's first token hold zeros (never the slot read: that is slot slots - 1).
-  for (int64_t slot = 0; slot < p.slots - p.seq; ++slot) {
-    const S zero = FromF<S>(0.f);
-#pragma unroll
-    for (int ii = 0; ii < kRows; ++ii) {
-      const int i = ii * 8 + rg;
-      if (col0 && i < dk) StorePair(present + slot * slot_stride + i * dv + j0, pair, col1, zero, zero);
-    }
-  }
+  // The block's region of the past state -> shared memory (in flight during the features), and the
+  // zero slots below W - S (never the slot read; written by 16-byte stores from every thread).
+  const S* past = static_cast<const S*>(p.past_recurrent) + task * head + c0;
+  S* const present = static_cast<S*>(p.present_recurrent) + task * head + c0;
+  RegionIn(stage, sstride, past, dv, dk, cols, p.vec_state, nthreads);
 
-  const float dt_bias = LoadAny(p.dt_bias, p.dt_bias_type, h);
-  const float neg_exp_a = LoadAny(p.neg_exp_a, p.neg_exp_a_type, h);
+  // This thread's feature channel: q channel tid (tid < kpad), k channel tid - kpad (tid < 2 kpad), or
+  // the block's v column tid - 2 kpad; lanes past dk (or past the block's columns) have none.
+  int role = 3, ch = 0;  // 0 q, 1 k, 2 v, 3 none
+  int64_t c = 0;
+  if (tid < kpad) {
+    ch = tid;
+    if (ch < dk) role = 0, c = static_cast<int64_t>(hk) * dk + ch;
+  } else if (tid < 2 * kpad) {
+    ch = tid - kpad;
+    if (ch < dk) role = 1, c = key_dim + static_cast<int64_t>(hk) * dk + ch;
+  } else {
+    ch = tid - 2 * kpad;
+    if (ch < cols) role = 2, c = 2 * key_dim + static_cast<int64_t>(h) * dv + c0 + ch;
+  }
+  const bool qk_warp = tid < 2 * kpad;  // whole warps (kpad is a multiple of 32)
+  const int K = kK ? kK : p.kernel, L = K - 1;
+  const T* qkv_c = static_cast<const T*>(p.qkv) + static_cast<int64_t>(b) * seq * C + c;
+  const T* past_c = static_cast<const T*>(p.past_conv) + (static_cast<int64_t>(b) * C + c) * L;
+  const T* w_c = static_cast<const T*>(p.conv_weight) + c * K;
   const T* a = static_cast<const T*>(p.a);
   const T* bg = static_cast<const T*>(p.b);
-  T* y = static_cast<T*>(p.y);
-  const int channels = 2 * dk + cols;
+  const T* z = static_cast<const T*>(p.z);
+  const T* norm_weight = static_cast<const T*>(p.norm_weight);
+  T* const y = static_cast<T*>(p.y);
+  // Rows of y normed here: token tt by block tt % nb, warp (tt / nb) % nwarps.
+  const bool norm_here = p.norm_mode != kNormFinish;
+  const int nb = p.norm_mode == kNormCluster ? (kStatic ? kDv / kCols : p.col_blocks) : 1;
+  float dt_bias = 0.f, neg_exp_a = 0.f;
+  if (tid < kChunk) {
+    dt_bias = LoadAny(p.dt_bias, p.dt_bias_type, h);
+    neg_exp_a = LoadAny(p.neg_exp_a, p.neg_exp_a_type, h);
+  }
 
-  for (int64_t t0 = 0; t0 < p.seq; t0 += kChunk) {
-    const int n = static_cast<int>(p.seq - t0 < kChunk ? p.seq - t0 : kChunk);
-    __syncthreads();  // the previous chunk's recurrence has read its features
+  float st0[kRows], st1[kRows];  // this thread's state elements, float32, for the whole call
+#pragma unroll
+  for (int ii = 0; ii < kRows; ++ii) st0[ii] = st1[ii] = 0.f;
 
-    // Features of the chunk's tokens: conv + SiLU of the q head's and k head's channels and of the
-    // block's v columns.
-    for (int idx = tid; idx < n * channels; idx += nthreads) {
-      const int tt = idx / channels, cl = idx % channels;
-      int64_t c;
-      float* dst;
-      if (cl < dk) {
-        c = hk * dk + cl;
-        dst = &sh_q[tt][cl];
-      } else if (cl < 2 * dk) {
-        c = key_dim + hk * dk + (cl - dk);
-        dst = &sh_k[tt][cl - dk];
-      } else {
-        c = 2 * key_dim + static_cast<int64_t>(h) * dv + c0 + (cl - 2 * dk);
-        dst = &sh_v[tt][cl - 2 * dk];
+  for (int64_t t0 = 0; t0 < seq; t0 += kChunk) {
+    const int n = static_cast<int>(seq - t0 < kChunk ? seq - t0 : kChunk);
+    if (t0 > 0) __syncthreads();  // the previous chunk has read its features and o
+
+    // Every global load of the chunk's features is issued before any is used: one memory round trip.
+    float a_in = 0.f, b_in = 0.f;
+    if (tid < n) {
+      const int64_t gi = (static_cast<int64_t>(b) * seq + t0 + tid) * p.hv + h;
+      a_in = ToF(a[gi]);
+      b_in = ToF(bg[gi]);
+    }
+    const int tt_norm = rank + nb * warp;  // the first token this warp norms
+    float zr[4], wr[4];
+    if (norm_here && tt_norm < n)
+      LoadNormInputs(z + (static_cast<int64_t>(b) * seq + t0 + tt_norm) * value_dim + static_cast<int64_t>(h) * dv,
+                     norm_weight, lane, dv, zr, wr);
+    // Inputs of the chunk's conv windows: x[m] is token t0 - L + m (the past conv state before token 0).
+    const bool fast = role != 3 && K <= kFastKernel;
+    float x[kWindow], wt[kFastKernel], bias = 0.f;
+#pragma unroll
+    for (int m = 0; m < kWindow; ++m) x[m] = 0.f;
+    if (fast) {
+#pragma unroll
+      for (int m = 0; m < kWindow; ++m) {
+        if (m >= L + n) break;
+        const int64_t pos = t0 - L + m;
+        x[m] = ToF(pos >= 0 ? qkv_c[pos * C] : past_c[L + pos]);
       }
-      *dst = ConvSilu<T>(p, b, t0 + tt, c);
+    }
+#pragma unroll
+    for (int j = 0; j < kFastKernel; ++j) wt[j] = fast && j < K ? ToF(w_c[j]) : 0.f;
+    if (fast && p.conv_bias) bias = ToF(static_cast<const T*>(p.conv_bias)[c]);
+    if (t0 == 0) {  // issued while the loads above are in flight
+      for (int64_t slot = 0; slot < p.slots - seq; ++slot)
+        RegionOut<S>(nullptr, sstride, present + slot * slot_stride, dv, dk, cols, p.vec_state, nthreads);
+    }
+    float feat[kChunk];
+#pragma unroll
+    for (int tt = 0; tt < kChunk; ++tt) feat[tt] = 0.f;
+#pragma unroll
+    for (int tt = 0; tt < kChunk; ++tt) {
+      if (tt >= n) break;
+      if (fast) {
+        float acc = bias;
+#pragma unroll
+        for (int j = 0; j < kFastKernel; ++j)
+          if (j < K) acc = __fmaf_rn(wt[j], x[tt + j], acc);
+        feat[tt] = RoundTo<T>(Silu(acc));
+      } else if (role != 3) {  // K > kFastKernel: tap after tap, the same operations
+        feat[tt] = ConvSilu<T>(p, b, t0 + tt, c);
+      }
     }
     // LinearAttentionGate: g = neg_exp_A softplus(a + dt_bias), beta = sigmoid(b), each rounded to T.
     if (tid < n) {
-      const int64_t gi = (b * p.seq + t0 + tid) * p.hv + h;
-      sh_g[tid] = RoundTo<T>(__fmul_rn(neg_exp_a, Softplus(__fadd_rn(ToF(a[gi]), dt_bias))));
-      sh_beta[tid] = RoundTo<T>(Sigmoid(ToF(bg[gi])));
+      sh_g[tid] = RoundTo<T>(__fmul_rn(neg_exp_a, Softplus(__fadd_rn(a_in, dt_bias))));
+      sh_beta[tid] = RoundTo<T>(Sigmoid(b_in));
     }
-    __syncthreads();
-
-    // LpNormalization of q and k per token (one warp per vector), rounded to T; q then scaled and
-    // rounded again (the subgraph's Mul).
-    for (int v = warp; v < 2 * n; v += nwarps) {
-      const bool is_q = v < n;
-      float* x = is_q ? sh_q[v] : sh_k[v - n];
-      float ss = 0.f;
-      for (int i = lane; i < dk; i += 32) ss = __fmaf_rn(x[i], x[i], ss);
+    if (role == 2) {
 #pragma unroll
-      for (int m = 16; m >= 1; m >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(kFull, ss, m));
-      const float norm = __fsqrt_rn(__fadd_rn(ss, p.l2norm_epsilon));
-      for (int i = lane; i < dk; i += 32) {
-        float e = norm > 0.f ? RoundTo<T>(__fdiv_rn(x[i], norm)) : 0.f;
-        if (is_q) e = RoundTo<T>(__fmul_rn(e, p.scale));
-        x[i] = e;
+      for (int tt = 0; tt < kChunk; ++tt) {
+        if (tt >= n) break;
+        sh_v[tt][ch] = feat[tt];
+      }
+    }
+    // Sums of squares for the l2 norms: each warp of q (k) channels over its lanes by a butterfly.
+    if (qk_warp) {
+#pragma unroll
+      for (int tt = 0; tt < kChunk; ++tt) {
+        if (tt >= n) break;
+        const float sq = SumWarp(role != 3 ? __fmul_rn(feat[tt], feat[tt]) : 0.f);
+        if (lane == 0) sh_part[warp][tt] = sq;
+      }
+    }
+    if (t0 == 0) CopyAsyncWait();  // this thread's pieces of the past state
+    __syncthreads();
+    // Every block has now read all it reads of past_conv (only the first chunk's windows do): the
+    // finishing kernel may start (and overwrite it).
+    if (t0 == 0) GridDependencyTrigger();
+
+    // LpNormalization of q and k per token: ss over the vector's warps in ascending order, rounded to
+    // T; q then scaled and rounded again (the subgraph's Mul).
+    if (role == 0 || role == 1) {
+      const int w0 = role == 0 ? 0 : kpad / 32, nw = kpad / 32;
+#pragma unroll
+      for (int tt = 0; tt < kChunk; ++tt) {
+        if (tt >= n) break;
+        float ss = sh_part[w0][tt];
+        for (int w = 1; w < nw; ++w) ss = __fadd_rn(ss, sh_part[w0 + w][tt]);
+        const float norm = __fsqrt_rn(__fadd_rn(ss, p.l2norm_epsilon));
+        const float e = norm > 0.f ? RoundTo<T>(__fdiv_rn(feat[tt], norm)) : 0.f;
+        if (role == 0) {
+          sh_q[tt][ch] = RoundTo<T>(__fmul_rn(e, p.scale));
+        } else {
+          sh_k[tt][ch] = e;
+        }
       }
     }
     __syncthreads();
+    if (t0 == 0 && state_warp) {  // this thread's elements of the past state, from the staged copy
+#pragma unroll
+      for (int ii = 0; ii < kRows; ++ii) {
+        const int i = ii * 8 + rg;
+        if (i < dk && col1) {
+          const auto v = *reinterpret_cast<const typename Pair<S>::type*>(stage + i * sstride + jl);
+          st0[ii] = Pair<S>::lo(v);
+          st1[ii] = Pair<S>::hi(v);
+        } else if (i < dk && col0) {
+          st0[ii] = ToF(stage[i * sstride + jl]);
+        }
+      }
+    }
 
     // The gated delta rule, token by token.
     for (int tt = 0; tt < n; ++tt) {
       const int64_t t = t0 + tt;
-      const int64_t row = b * p.seq + t;
-      const float decay = expf(sh_g[tt]);
-      const float beta = sh_beta[tt];
-      const float v0 = col0 ? sh_v[tt][jl] : 0.f;
-      const float v1 = col1 ? sh_v[tt][jl + 1] : 0.f;
-      const float* kt = sh_k[tt];
-      const float* qt = sh_q[tt];
+      if (state_warp) {
+        const float decay = expf(sh_g[tt]);
+        const float beta = sh_beta[tt];
+        const float v0 = col0 ? sh_v[tt][jl] : 0.f;
+        const float v1 = col1 ? sh_v[tt][jl + 1] : 0.f;
+        const float* kt = sh_k[tt];
+        const float* qt = sh_q[tt];
 
-      // S *= exp(g); r = S^T k  (per column: four accumulators over ascending ii, then the row groups)
-      float r0a[4] = {0.f, 0.f, 0.f, 0.f}, r1a[4] = {0.f, 0.f, 0.f, 0.f};
+        // S *= exp(g); r = S^T k  (per column: four accumulators over ascending ii, then the row groups)
+        float r0a[4] = {0.f, 0.f, 0.f, 0.f}, r1a[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int ii = 0; ii < kRows; ++ii) {
-        const int i = ii * 8 + rg;
-        if (i < dk) {
-          const float k = kt[i];
-          st0[ii] = __fmul_rn(st0[ii], decay);
-          st1[ii] = __fmul_rn(st1[ii], decay);
-          r0a[ii & 3] = __fmaf_rn(st0[ii], k, r0a[ii & 3]);
-          r1a[ii & 3] = __fmaf_rn(st1[ii], k, r1a[ii & 3]);
+        for (int ii = 0; ii < kRows; ++ii) {
+          const int i = ii * 8 + rg;
+          if (i < dk) {
+            const float k = kt[i];
+            st0[ii] = __fmul_rn(st0[ii], decay);
+            st1[ii] = __fmul_rn(st1[ii], decay);
+            r0a[ii & 3] = __fmaf_rn(st0[ii], k, r0a[ii & 3]);
+            r1a[ii & 3] = __fmaf_rn(st1[ii], k, r1a[ii & 3]);
+          }
+        }
+        const float r0 = SumRowGroups(__fadd_rn(__fadd_rn(r0a[0], r0a[1]), __fadd_rn(r0a[2], r0a[3])));
+        const float r1 = SumRowGroups(__fadd_rn(__fadd_rn(r1a[0], r1a[1]), __fadd_rn(r1a[2], r1a[3])));
+        const float delta0 = __fmul_rn(beta, __fsub_rn(v0, r0));
+        const float delta1 = __fmul_rn(beta, __fsub_rn(v1, r1));
+
+        // S += k delta^T; o = S^T q
+        float o0a[4] = {0.f, 0.f, 0.f, 0.f}, o1a[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ii = 0; ii < kRows; ++ii) {
+          const int i = ii * 8 + rg;
+          if (i < dk) {
+            const float k = kt[i], q = qt[i];
+            st0[ii] = __fmaf_rn(k, delta0, st0[ii]);
+            st1[ii] = __fmaf_rn(k, delta1, st1[ii]);
+            o0a[ii & 3] = __fmaf_rn(q, st0[ii], o0a[ii & 3]);
+            o1a[ii & 3] = __fmaf_rn(q, st1[ii], o1a[ii & 3]);
+          }
+        }
+        const float o0 = SumRowGroups(__fadd_rn(__fadd_rn(o0a[0], o0a[1]), __fadd_rn(o0a[2], o0a[3])));
+        const float o1 = SumRowGroups(__fadd_rn(__fadd_rn(o1a[0], o1a[1]), __fadd_rn(o1a[2], o1a[3])));
+        if (rg == 0) {  // LinearAttention's output, rounded to T
+          if (col0) sh_o[tt][jl] = RoundTo<T>(o0);
+          if (col1) sh_o[tt][jl + 1] = RoundTo<T>(o1);
+        }
+        // The state as stored between calls: the next token starts from exactly that.
+#pragma unroll
+        for (int ii = 0; ii < kRows; ++ii) {
+          const auto v = Pair<S>::pack(st0[ii], st1[ii]);
+          st0[ii] = Pair<S>::lo(v);
+          st1[ii] = Pair<S>::hi(v);
         }
       }
-      const float r0 = SumRowGroups(__fadd_rn(__fadd_rn(r0a[0], r0a[1]), __fadd_rn(r0a[2], r0a[3])));
-      const float r1 = SumRowGroups(__fadd_rn(__fadd_rn(r1a[0], r1a[1]), __fadd_rn(r1a[2], r1a[3])));
-      const float delta0 = __fmul_rn(beta, __fsub_rn(v0, r0));
-      const float delta1 = __fmul_rn(beta, __fsub_rn(v1, r1));
-
-      // S += k delta^T; o = S^T q
-      float o0a[4] = {0.f, 0.f, 0.f, 0.f}, o1a[4] = {0.f, 0.f, 0.f, 0.f};
+      const int64_t slot = t - (seq - p.slots);
+      if (slot >= 0) {  // the same for the whole block
+        __syncthreads();  // the previous slot's copy (or the past state's read) has left `stage`
+        if (state_warp) {
 #pragma unroll
-      for (int ii = 0; ii < kRows; ++ii) {
-        const int i = ii * 8 + rg;
-        if (i < dk) {
-          const float k = kt[i], q = qt[i];
-          st0[ii] = __fmaf_rn(k, delta0, st0[ii]);
-          st1[ii] = __fmaf_rn(k, delta1, st1[ii]);
-          o0a[ii & 3] = __fmaf_rn(q, st0[ii], o0a[ii & 3]);
-          o1a[ii & 3] = __fmaf_rn(q, st1[ii], o1a[ii & 3]);
+          for (int ii = 0; ii < kRows; ++ii) {
+            const int i = ii * 8 + rg;
+            if (i < dk && col1) {
+              *reinterpret_cast<typename Pair<S>::type*>(stage + i * sstride + jl) = Pair<S>::pack(st0[ii], st1[ii]);
+            } else if (i < dk && col0) {
+              stage[i * sstride + jl] = FromF<S>(st0[ii]);
+            }
+          }
         }
+        __syncthreads();
+        RegionOut(stage, sstride, present + slot * slot_stride, dv, dk, cols, p.vec_state, nthreads);
       }
-      const float o0 = SumRowGroups(__fadd_rn(__fadd_rn(o0a[0], o0a[1]), __fadd_rn(o0a[2], o0a[3])));
-      const float o1 = SumRowGroups(__fadd_rn(__fadd_rn(o1a[0], o1a[1]), __fadd_rn(o1a[2], o1a[3])));
-      // LinearAttention's output tensor, normed by FinishKernel.
-      if (rg == 0) {
-        T* yrow = y + row * value_dim + static_cast<int64_t>(h) * dv;
-        if (col0) yrow[j0] = FromF<T>(o0);
-        if (col1) yrow[j0 + 1] = FromF<T>(o1);
-      }
+    }
 
-      // The state as stored between calls: the next token starts from exactly that.
-      const int64_t slot = t - (p.seq - p.slots);
-      S* out = slot >= 0 ? present + slot * slot_stride : nullptr;
-#pragma unroll
-      for (int ii = 0; ii < kRows; ++ii) {
-        const int i = ii * 8 + rg;
-        const S s0 = FromF<S>(st0[ii]), s1 = FromF<S>(st1[ii]);
-        st0[ii] = ToF(s0);
-        st1[ii] = ToF(s1);
-        if (out != nullptr && col0 && i < dk) StorePair(out + i * dv + j0, pair, col1, s0, s1);
+    // y's rows of the chunk: normed here (the block, or the cluster, holds all dv columns of o), else
+    // o rounded to T for FinishKernel to norm.
+    if (p.norm_mode == kNormFinish) {
+      __syncthreads();
+      for (int idx = tid; idx < n * cols; idx += nthreads) {
+        const int tt = idx / cols, jj = idx - tt * cols;
+        y[(static_cast<int64_t>(b) * seq + t0 + tt) * value_dim + static_cast<int64_t>(h) * dv + c0 + jj] =
+            FromF<T>(sh_o[tt][jj]);
       }
+    } else {
+      const bool cluster = p.norm_mode == kNormCluster;
+      if (cluster) {
+        ClusterSync();  // every block's o of the chunk is in its shared memory
+      } else {
+        __syncthreads();
+      }
+      for (int tt = tt_norm; tt < n; tt += nb * nwarps) {
+        const int64_t row = static_cast<int64_t>(b) * seq + t0 + tt;
+        if (tt != tt_norm) LoadNormInputs(z + row * value_dim + static_cast<int64_t>(h) * dv, norm_weight, lane, dv, zr, wr);
+        float o[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          const int j = lane + 32 * m;
+          o[m] = 0.f;
+          if (j < dv) {
+            const int owner = j / pcols;
+            o[m] = cluster && owner != rank ? LoadClusterShared(&sh_o[tt][j - owner * pcols], owner)
+                                            : sh_o[tt][j - owner * pcols];
+          }
+        }
+        NormRow<T>(o, zr, wr, lane, dv, p.epsilon, y + row * value_dim + static_cast<int64_t>(h) * dv);
+      }
+      if (cluster) ClusterSync();  // no block overwrites (or leaves) its o while another may read it
     }
   }
 }
 
 constexpr int kFinishThreads = 256;
 constexpr int kNormRowsPerBlock = kFinishThreads / 32;  // one warp per (batch, token, v head) row
+constexpr int kConvWindow = 16;                         // slots + K - 2 up to this: loaded at once
 
 // The first conv_blocks blocks: present_conv. Slot s holds the last K - 1 inputs of each channel up to
 // token S - slots + s, oldest first; zeros where that token is before the call's first. One thread per
-// (batch, channel). Slot slots - 1 is the one that may alias the past slot read; it is written last,
-// position by position in ascending order, and position q reads past position S + q > q (or qkv), never
-// one already written.
-// The other blocks: GatedRMSNorm(o, norm_weight, z) of y's rows in place: ss = sum of o^2 (each lane
-// over j = lane, lane + 32, ... ascending, then a butterfly xor 16..1), y = o / sqrt(ss / dv + eps) * w *
-// silu(z), each step rounded as in the CPU kernel, y rounded to T.
+// (batch, channel), which loads every input its slots hold before it writes any: slot slots - 1 may
+// alias the past slot read, and no other thread reads this channel. Launched after GdnKernel: where
+// programmatic dependent launch runs (sm_90), it starts once every GdnKernel block has read past_conv
+// (GdnKernel triggers after its first chunk's features), so it overlaps the recurrence; it then waits
+// for GdnKernel to complete, so that what follows on the stream sees both kernels' writes.
+// The other blocks (norm mode kNormFinish only): GatedRMSNorm of y's rows in place (NormRow), after
+// GdnKernel has written o into them.
 template <typename T>
 __global__ void __launch_bounds__(kFinishThreads) FinishKernel(const GdnParams p, unsigned conv_blocks) {
-  if (blockIdx.x < conv_blocks) {
+  if (blockIdx.x < conv_blocks) {  // grid y: batch row
     const int64_t C = 2LL * p.hk * p.dk + static_cast<int64_t>(p.hv) * p.dv;
-    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (idx >= p.batch * C) return;
-    const int64_t b = idx / C, c = idx % C;
-    const int L = p.kernel - 1;
-    const T* past = static_cast<const T*>(p.past_conv) + (b * C + c) * L;
-    const T* qkv = static_cast<const T*>(p.qkv) + b * p.seq * C + c;
-    for (int s = 0; s < p.slots; ++s) {
-      const int64_t t = p.seq - p.slots + s;  // the last token this slot has seen
-      T* out = static_cast<T*>(p.present_conv) + ((s * p.batch + b) * C + c) * L;
-      for (int q = 0; q < L; ++q) {
-        const int64_t pos = t - (L - 1) + q;  // token held at position q
-        out[q] = t < 0 ? FromF<T>(0.f) : pos >= 0 ? qkv[pos * C] : past[L + pos];
+    const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, b = blockIdx.y;
+    if (c < C) {
+      const int L = p.kernel - 1;
+      const T* past = static_cast<const T*>(p.past_conv) + (b * C + c) * L;
+      const T* qkv = static_cast<const T*>(p.qkv) + b * p.seq * C + c;
+      T* const out = static_cast<T*>(p.present_conv) + (b * C + c) * L;
+      const int64_t slot_stride = p.batch * C * L;
+      const T zero = FromF<T>(0.f);
+      const int nwin = p.slots + L - 1;  // tokens first .. S - 1 are what the slots hold
+      const int64_t first = p.seq - p.slots - L + 1;
+      if (nwin <= kConvWindow) {
+        T x[kConvWindow];
+#pragma unroll
+        for (int m = 0; m < kConvWindow; ++m) {
+          const int64_t pos = first + m;
+          x[m] = m < nwin && pos >= -L ? (pos >= 0 ? qkv[pos * C] : past[L + pos]) : zero;
+        }
+        // Value m is position q = m - s of slot s (s + q = m).
+#pragma unroll
+        for (int m = 0; m < kConvWindow; ++m) {
+          if (m < nwin) {
+            const int s_lo = m - L + 1 > 0 ? m - L + 1 : 0, s_hi = m < p.slots - 1 ? m : p.slots - 1;
+            for (int s = s_lo; s <= s_hi; ++s)
+              out[s * slot_stride + (m - s)] = p.seq - p.slots + s < 0 ? zero : x[m];
+          }
+        }
+      } else {
+        for (int s = 0; s < p.slots; ++s) {
+          const int64_t t = p.seq - p.slots + s;  // the last token this slot has seen
+          for (int q = 0; q < L; ++q) {
+            const int64_t pos = t - (L - 1) + q;  // token held at position q
+            out[s * slot_stride + q] = t < 0 ? zero : pos >= 0 ? qkv[pos * C] : past[L + pos];
+          }
+        }
       }
     }
+    GridDependencyWait();
     return;
   }
   const int64_t row = static_cast<int64_t>(blockIdx.x - conv_blocks) * kNormRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= p.batch * p.seq * p.hv) return;  // a whole warp leaves together
   const int lane = threadIdx.x & 31, dv = p.dv;
+  const bool valid = blockIdx.y == 0 && row < p.batch * p.seq * p.hv;  // a whole warp together
   const int64_t offset = row * dv;  // rows of [B, S, Hv] in order; each dv long
+  float z[4], w[4], o[4];
+  if (valid) LoadNormInputs(static_cast<const T*>(p.z) + offset, static_cast<const T*>(p.norm_weight), lane, dv, z, w);
+  GridDependencyWait();  // o is GdnKernel's
+  if (!valid) return;
   T* y = static_cast<T*>(p.y) + offset;
-  const T* z = static_cast<const T*>(p.z) + offset;
-  const T* norm_weight = static_cast<const T*>(p.norm_weight);
-  float ss = 0.f;
-  for (int j = lane; j < dv; j += 32) {
-    const float o = ToF(y[j]);
-    ss = __fmaf_rn(o, o, ss);
-  }
 #pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) ss = __fadd_rn(ss, __shfl_xor_sync(kFull, ss, m));
-  const float inv_rms = __fdiv_rn(1.f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(dv)), p.epsilon)));
-  for (int j = lane; j < dv; j += 32)
-    y[j] = FromF<T>(__fmul_rn(__fmul_rn(__fmul_rn(ToF(y[j]), inv_rms), ToF(norm_weight[j])), Silu(ToF(z[j]))));
+  for (int m = 0; m < 4; ++m) o[m] = lane + 32 * m < dv ? ToF(y[lane + 32 * m]) : 0.f;
+  NormRow<T>(o, z, w, lane, dv, p.epsilon, y);
 }
 
-template <typename T, typename S>
-void LaunchMain(const GdnParams& prm, unsigned blocks, unsigned threads, cudaStream_t stream) {
-  if (prm.dk <= 16) {
-    GdnKernel<T, S, 2><<<blocks, threads, 0, stream>>>(prm);
-  } else if (prm.dk <= 32) {
-    GdnKernel<T, S, 4><<<blocks, threads, 0, stream>>>(prm);
-  } else if (prm.dk <= 64) {
-    GdnKernel<T, S, 8><<<blocks, threads, 0, stream>>>(prm);
-  } else {
-    GdnKernel<T, S, 16><<<blocks, threads, 0, stream>>>(prm);
-  }
+// Compute capability major of the current device (cached per device; 0 if unknown).
+int DeviceMajor() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cache[kMaxDevices];  // major + 1; 0: not asked yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
+  if (const int known = cache[device].load(std::memory_order_relaxed)) return known - 1;
+  int major = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) major = 0;
+  cache[device].store(major + 1, std::memory_order_relaxed);
+  return major;
 }
 
-template <typename T>
-const char* Launch(const GatedDeltaNetProblem& p, const GdnParams& prm, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>(p.batch * p.num_v_heads * prm.col_blocks);
-  const unsigned threads = static_cast<unsigned>(32 * (prm.cols / 8));
-  if (p.state_type == FloatType::kFloat32) {
-    LaunchMain<T, float>(prm, blocks, threads, stream);
-  } else {
-    LaunchMain<T, T>(prm, blocks, threads, stream);
+// The staging buffer: dk rows of (cols + 16 bytes) state elements; at most 128 x (128 x 4 + 16) bytes.
+constexpr int kMaxStageBytes = kMaxHeadDim * (kMaxHeadDim * 4 + 16);
+
+template <typename T, typename S, int kRows, int kDk = 0, int kDv = 0, int kK = 0, int kCols = 0>
+const char* LaunchMainKernel(const GdnParams& prm, dim3 grid, unsigned threads, size_t smem, cudaStream_t stream) {
+  auto kernel = GdnKernel<T, S, kRows, kDk, kDv, kK, kCols>;
+  static std::atomic<uint64_t> configured{0};  // one bit per device: the shared-memory limit raised
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return cudaGetErrorString(err);
+  const uint64_t bit = device < 64 ? (1ull << device) : 0;
+  if (bit == 0 || !(configured.load(std::memory_order_acquire) & bit)) {
+    if (const cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxStageBytes);
+        err != cudaSuccess)
+      return cudaGetErrorString(err);
+    configured.fetch_or(bit, std::memory_order_acq_rel);
   }
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
-  const unsigned conv_blocks =
-      p.conv_kernel > 1 ? static_cast<unsigned>((p.batch * p.conv_dim() + kFinishThreads - 1) / kFinishThreads) : 0;
-  const unsigned norm_blocks =
-      static_cast<unsigned>((p.batch * p.seq * p.num_v_heads + kNormRowsPerBlock - 1) / kNormRowsPerBlock);
-  FinishKernel<T><<<conv_blocks + norm_blocks, kFinishThreads, 0, stream>>>(prm, conv_blocks);
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(prm.col_blocks);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = prm.norm_mode == kNormCluster ? 1 : 0;
+  if (const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, prm); err != cudaSuccess)
+    return cudaGetErrorString(err);
   return nullptr;
 }
 
-// Columns per block: ORT_MTP_GDN_COLS if set (8, 16, 32, 64 or 128), else 64: the fastest on an H200
-// for the 27B-class layer at every width 1..8 (bench/results/2026-12-02-gdn-cuda-default: 14.8 us at
-// S = 1 against 15.9 with 32 and 18.4 with 128; 8 and 16 are slower, each block recomputing the head's
-// q and k features with fewer threads). nullptr error when valid.
+// The 27B-class layer (dk = dv = 128, K = 4, 64 or 128 columns per block, state in T) runs an
+// instantiation with its shape as constants; every other shape the general one (the same code).
+template <typename T, typename S>
+const char* LaunchMain(const GdnParams& prm, dim3 grid, unsigned threads, size_t smem, cudaStream_t stream) {
+  if constexpr (!std::is_same_v<T, float> && std::is_same_v<S, T>) {
+    if (prm.dk == 128 && prm.dv == 128 && prm.kernel == 4) {
+      if (prm.cols == 64) return LaunchMainKernel<T, S, 16, 128, 128, 4, 64>(prm, grid, threads, smem, stream);
+      if (prm.cols == 128) return LaunchMainKernel<T, S, 16, 128, 128, 4, 128>(prm, grid, threads, smem, stream);
+    }
+  }
+  if (prm.dk <= 16) return LaunchMainKernel<T, S, 2>(prm, grid, threads, smem, stream);
+  if (prm.dk <= 32) return LaunchMainKernel<T, S, 4>(prm, grid, threads, smem, stream);
+  if (prm.dk <= 64) return LaunchMainKernel<T, S, 8>(prm, grid, threads, smem, stream);
+  return LaunchMainKernel<T, S, 16>(prm, grid, threads, smem, stream);
+}
+
+template <typename T>
+const char* Launch(const GatedDeltaNetProblem& p, const GdnParams& prm, bool pdl, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(prm.col_blocks), static_cast<unsigned>(p.num_v_heads),
+                  static_cast<unsigned>(p.batch));
+  const unsigned threads = static_cast<unsigned>(BlockThreads(prm.dk, prm.cols));
+  const size_t state_size = p.state_type == FloatType::kFloat32 ? 4 : 2;
+  const size_t smem = static_cast<size_t>(prm.dk) * (prm.cols * state_size + 16);
+  const char* error = p.state_type == FloatType::kFloat32 ? LaunchMain<T, float>(prm, grid, threads, smem, stream)
+                                                         : LaunchMain<T, T>(prm, grid, threads, smem, stream);
+  if (error) return error;
+  const unsigned conv_blocks =
+      p.conv_kernel > 1 ? static_cast<unsigned>((p.conv_dim() + kFinishThreads - 1) / kFinishThreads) : 0;
+  const unsigned norm_blocks =
+      prm.norm_mode == kNormFinish
+          ? static_cast<unsigned>((p.batch * p.seq * p.num_v_heads + kNormRowsPerBlock - 1) / kNormRowsPerBlock)
+          : 0;
+  if (conv_blocks + norm_blocks == 0) return nullptr;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(conv_blocks + norm_blocks, conv_blocks ? static_cast<unsigned>(p.batch) : 1, 1);
+  cfg.blockDim = dim3(kFinishThreads, 1, 1);
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  if (const cudaError_t err = cudaLaunchKernelEx(&cfg, FinishKernel<T>, prm, conv_blocks); err != cudaSuccess)
+    return cudaGetErrorString(err);
+  return nullptr;
+}
+
+// Columns per block: ORT_MTP_GDN_COLS if set (8, 16, 32, 64 or 128), else 64. nullptr error when valid.
 struct ColsChoice {
   int cols = 64;
   const char* error = nullptr;
@@ -479,13 +847,14 @@ const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream) {
   const int64_t dv8 = (p.v_head_dim + 7) / 8 * 8;
   const int cols = static_cast<int>(dv8 < choice.cols ? dv8 : choice.cols);
   const int64_t col_blocks = (p.v_head_dim + cols - 1) / cols;
-  if (p.batch * p.num_v_heads * col_blocks > 0x7FFFFFFFLL ||
-      (p.batch * p.conv_dim() + kFinishThreads - 1) / kFinishThreads +
+  if (p.batch > 65535 || p.num_v_heads > 65535 ||
+      (p.conv_dim() + kFinishThreads - 1) / kFinishThreads +
               (p.batch * p.seq * p.num_v_heads + kNormRowsPerBlock - 1) / kNormRowsPerBlock >
           0x7FFFFFFFLL)
-    return "batch x num_v_heads (or batch x conv_dim, or batch x S x num_v_heads) too large for the CUDA kernel's grid";
+    return "batch or num_v_heads over 65535 (or batch x S x num_v_heads too large) for the CUDA kernel's grid";
   if (p.slots < 1 || p.slots > 0x7FFFFFFFLL || p.conv_kernel < 1 || p.conv_kernel > 0x7FFFFFFFLL)
     return "internal error: bad slot count or conv kernel size";
+  const int major = DeviceMajor();
   GdnParams prm{};
   prm.qkv = p.qkv;
   prm.z = p.z;
@@ -516,15 +885,21 @@ const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream) {
   prm.l2norm_epsilon = p.l2norm_epsilon;
   prm.dt_bias_type = static_cast<int>(p.dt_bias_type);
   prm.neg_exp_a_type = static_cast<int>(p.neg_exp_a_type);
+  const uint64_t group = static_cast<uint64_t>(p.num_v_heads / p.num_k_heads);
+  prm.group_magic = (uint64_t{1} << 32) / group + 1;  // floor(h / group) for h, group < 2^16
+  prm.norm_mode = col_blocks == 1                                     ? kNormBlock
+                  : major >= 9 && col_blocks <= kMaxClusterBlocks ? kNormCluster
+                                                                      : kNormFinish;
   const size_t state_size = p.state_type == FloatType::kFloat32 ? 4 : 2;
   const uintptr_t state_addresses =
       reinterpret_cast<uintptr_t>(p.past_recurrent) | reinterpret_cast<uintptr_t>(p.present_recurrent);
-  prm.pair_access = p.v_head_dim % 2 == 0 && state_addresses % (2 * state_size) == 0;
+  prm.vec_state = state_addresses % 16 == 0 && (p.v_head_dim * state_size) % 16 == 0 && (cols * state_size) % 16 == 0;
+  const bool pdl = major >= 9;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.type) {
-    case FloatType::kFloat32: return Launch<float>(p, prm, s);
-    case FloatType::kFloat16: return Launch<__half>(p, prm, s);
-    case FloatType::kBFloat16: return Launch<__nv_bfloat16>(p, prm, s);
+    case FloatType::kFloat32: return Launch<float>(p, prm, pdl, s);
+    case FloatType::kFloat16: return Launch<__half>(p, prm, pdl, s);
+    case FloatType::kBFloat16: return Launch<__nv_bfloat16>(p, prm, pdl, s);
   }
   return "internal error: unknown element type";
 }
