@@ -77,6 +77,7 @@
 #include <cstring>
 
 #include "common/cuda_numeric.cuh"
+#include "common/cuda_pdl.cuh"
 #include "gated_delta_net/gated_delta_net.h"
 
 namespace ort_mtp {
@@ -200,20 +201,8 @@ __device__ __forceinline__ void CopyAsyncWait() {
 #endif
 }
 
-// Programmatic dependent launch (sm_90; no-ops before, and when the launch did not opt in). Trigger:
-// the next kernel, if launched with programmatic stream serialization, may start once every block of
-// this grid has triggered or exited. Wait: until the grids this one depends on have completed and
-// their writes are visible.
-__device__ __forceinline__ void GridDependencyTrigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void GridDependencyWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
+using cuda::GridDependencyTrigger;  // programmatic dependent launch: common/cuda_pdl.cuh
+using cuda::GridDependencyWait;
 
 // Thread-block cluster (sm_90; only launched as a cluster there): a barrier over all threads of the
 // cluster's blocks (release / acquire: shared-memory writes before it are visible to every block

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "common/cuda_pdl.cuh"
+
 namespace ort_mtp {
 namespace gemv {
 
@@ -219,20 +221,9 @@ struct Int4Dequant<__nv_bfloat16> {
   }
 };
 
-// Programmatic dependent launch (sm_90). Wait: block until the kernels this one depends on have
-// finished and their writes are visible (a no-op when the launch did not opt in). Trigger: let the
-// next kernel on the stream, if it opted in, start its own prologue.
-__device__ __forceinline__ void GridDependencyWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void GridDependencyTrigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
+// Programmatic dependent launch: common/cuda_pdl.cuh.
+using cuda::GridDependencyTrigger;
+using cuda::GridDependencyWait;
 
 template <typename T>
 __device__ __forceinline__ float ToFloat(T v);
