@@ -29,10 +29,10 @@ RESULTS = ROOT / "bench" / "results"
 
 # role -> (run folder under bench/results, JSON file in it)
 RUNS = {
-    "e2e": ("2026-12-04-side-by-side", "d/e2e_27b.json"),  # the latest end to end: ours, ORT's ops, onnxruntime-genai
-    "phases": ("2026-12-04-gqa-prefill-e2e", "b/e2e_27b.json"),  # the latest with --phases and the identity check
+    "e2e": ("2026-12-04-v2-side-by-side", "b/e2e_27b.json"),  # the latest end to end: ours, ORT's ops, onnxruntime-genai
+    "phases": ("2026-12-04-v2-side-by-side", "c/e2e_27b.json"),  # the latest with --phases and the identity check
     "gemv": ("2026-11-29-run18", "gemv.json"),  # the latest bench/gemv.py
-    "profile": ("2026-12-04-gqa-prefill-e2e", "b/kernel_profile_27b.json"),  # GPU time per kernel family
+    "profile": ("2026-12-04-v2-side-by-side", "c/kernel_profile_27b.json"),  # GPU time per kernel family
     "sampling": ("2026-12-02-sampling-cuda", "e2e_27b.json"),  # the latest sampled decoding
 }
 MODES = ("greedy", "mtp_k1", "mtp_k2", "mtp_k3")  # the sampled run's modes (k = 3 its last)
@@ -164,7 +164,8 @@ def e2e_table(run: dict) -> str:
     genai_best = max(ks, key=lambda m: tok_s(genai, m))
     differ = [d for d in e2e["genai"].get("greedy_vs_ours", []) if d is not None]
     vs = (f"onnxruntime-genai's greedy printed our greedy's tokens on {prompts - len(differ)} of {prompts} prompts"
-          + (f" (the others first differed at new token {', '.join(map(str, differ))}: its kernels round differently)"
+          + (f" ({'the others' if len(differ) < prompts else 'they'} first differed at new token "
+             f"{', '.join(map(str, differ))}: its kernels round differently)"
              if differ else ""))
     return (f"{run_caption(run)}, median decode tok/s, {prompts} prompts:\n\n{table(header, rows)}\n\n"
             f"Our greedy is {tok_s(ours, 'greedy') / tok_s(genai, 'greedy'):.2f}x onnxruntime-genai's greedy; our "
@@ -332,8 +333,9 @@ def identity_line(e2e_run: dict, identity_run: dict) -> str:
     return (f"- Token identity on CUDA: on the defaults MTP printed greedy's tokens on {ours} of {n} (k, prompt) "
             f"streams of {e2e['new_tokens']} new tokens in {run_link(e2e_run)}; on ONNX Runtime's own ops "
             f"{ort} of {n}. The width-{rows['rows']['width']} identity check of {run_link(identity_run)} found "
-            f"every logits row bit-identical and {origins} differing. The acceptance test asks for 256 tokens "
-            f"per stream; the ONNX Runtime nodes left in the forward (norms, elementwise, rotary) work row by "
+            f"every logits row bit-identical and {origins} differing."
+            + (" The acceptance test asks for 256 tokens per stream." if e2e["new_tokens"] < 256 else "")
+            + " The ONNX Runtime nodes left in the forward (norms, elementwise, rotary) work row by "
             f"row ([docs/driver.md](docs/driver.md#token-identity)).")
 
 
