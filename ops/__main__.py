@@ -171,7 +171,9 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
                 print(f"note: {name}: kept GroupQueryAttention {shown} as com.microsoft: {why}", file=sys.stderr)
         dense = model.float_matmul
         if FLOAT_MATMUL in kinds and (dense.rewritten or kinds == (FLOAT_MATMUL,)):
-            print(f"{name}: rewrote {len(dense.rewritten)} of {dense.total} MatMul nodes into ort_mtp MatMul")
+            pairs = len(model.float_matmul_merged)
+            merged = f" ({pairs} pairs reading one input merged into two-weight nodes)" if pairs else ""
+            print(f"{name}: rewrote {len(dense.rewritten)} of {dense.total} MatMul nodes into ort_mtp MatMul{merged}")
             for why, kept in _by_reason(dense.kept):
                 shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
                 print(f"note: {name}: kept MatMul {shown} on ONNX Runtime's: {why}", file=sys.stderr)

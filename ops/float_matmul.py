@@ -15,6 +15,12 @@ computes every row in one fixed order. A node is rewritten when:
 - the library runs ort_mtp::MatMul on the model's execution provider for that type (`available`).
 Everything else is kept as it was and reported with the reason. The node keeps its name, inputs and
 output; the weight is not read or copied.
+
+Then `merge_shared_inputs` makes each pair of ort_mtp::MatMul nodes that read the same A one node
+with two weights, MatMul(A, B, B2) -> (Y, Y2), whose outputs are bit for bit those of the two nodes
+(csrc/float_matmul/float_matmul.h). The a and b projections of a Gated DeltaNet layer read the same
+normed hidden, and each is mostly launch and memory latency (a few microseconds at N = 48 on an H200),
+so one launch for both halves that cost. The outputs keep their names.
 """
 
 from __future__ import annotations
@@ -43,12 +49,15 @@ def reference(a, b) -> np.ndarray:
 def model(k: int, n: int, dtype: str = "float32", domain: str = DOMAIN,
           node_name: str = "/model/layers.0/linear_attn/a_proj/MatMul", weight: np.ndarray | None = None,
           a_dtype: str | None = None, y_dtype: str | None = None, b_shape: list | None = None,
-          float32_io: bool = False):
+          float32_io: bool = False, n2: int | None = None, weight2: np.ndarray | None = None,
+          b2_shape: list | None = None):
     """A one-node model: A [batch, seq, K] (symbolic batch and seq) times B [K, N] -> Y [batch, seq, N].
     With `weight` B is an initializer holding it (bfloat16: values exactly representable), else a graph
     input. a_dtype / y_dtype override the declared element types of A and Y, b_shape B's declared
     shape (graph input only). float32_io: A and Y are float32 graph values cast to and from `dtype`
-    around the node (numpy and ORT's Python API have no bfloat16 arrays)."""
+    around the node (numpy and ORT's Python API have no bfloat16 arrays). n2 (or weight2): the
+    two-weight node, a second weight B2 [K, n2] (an initializer holding weight2, else a graph input of
+    shape b2_shape or [K, n2]) and a second output Y2 [batch, seq, n2]."""
     from onnx import TensorProto, helper, numpy_helper
 
     def elem(name):
@@ -59,19 +68,29 @@ def model(k: int, n: int, dtype: str = "float32", domain: str = DOMAIN,
     inputs = [helper.make_tensor_value_info("A", io or elem(a_dtype or dtype), ["batch", "seq", k])]
     outputs = [helper.make_tensor_value_info("Y", io or elem(y_dtype or dtype), ["batch", "seq", n])]
     initializers, nodes = [], []
-    if weight is None:
-        inputs.append(helper.make_tensor_value_info("B", t, b_shape or [k, n]))
-    elif dtype == "bfloat16":
-        bits = (np.asarray(weight, np.float32).view(np.uint32) >> 16).astype(np.uint16)
-        initializers.append(helper.make_tensor("B", TensorProto.BFLOAT16, bits.shape, bits.tobytes(), raw=True))
-    else:
-        initializers.append(numpy_helper.from_array(np.asarray(weight, dtype), "B"))
-    a, y = ("A_cast", "Y_cast") if float32_io else ("A", "Y")
+
+    def add_weight(name, value, shape):
+        if value is None:
+            inputs.append(helper.make_tensor_value_info(name, t, shape))
+        elif dtype == "bfloat16":
+            bits = (np.asarray(value, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+            initializers.append(helper.make_tensor(name, TensorProto.BFLOAT16, bits.shape, bits.tobytes(), raw=True))
+        else:
+            initializers.append(numpy_helper.from_array(np.asarray(value, dtype), name))
+
+    add_weight("B", weight, b_shape or [k, n])
+    two = n2 is not None or weight2 is not None
+    if two:
+        n2 = weight2.shape[1] if weight2 is not None else n2
+        add_weight("B2", weight2, b2_shape or [k, n2])
+        outputs.append(helper.make_tensor_value_info("Y2", io or elem(y_dtype or dtype), ["batch", "seq", n2]))
+    a, ys = ("A_cast", ["Y_cast", "Y2_cast"]) if float32_io else ("A", ["Y", "Y2"])
+    ys = ys[:2 if two else 1]
     if float32_io:
         nodes.append(helper.make_node("Cast", ["A"], [a], to=t))
-    nodes.append(helper.make_node(OP, [a, "B"], [y], name=node_name, domain=domain))
+    nodes.append(helper.make_node(OP, [a, "B"] + (["B2"] if two else []), ys, name=node_name, domain=domain))
     if float32_io:
-        nodes.append(helper.make_node("Cast", [y], ["Y"], to=TensorProto.FLOAT))
+        nodes += [helper.make_node("Cast", [y], [y[:-len("_cast")]], to=TensorProto.FLOAT) for y in ys]
     graph = helper.make_graph(nodes, "matmul", inputs, outputs, initializer=initializers)
     opsets = [helper.make_opsetid("", 21)] + ([helper.make_opsetid(domain, 1)] if domain else [])
     return helper.make_model(graph, ir_version=10, opset_imports=opsets)
@@ -143,6 +162,50 @@ class FloatMatMulRewrite(Rewrite):
         return out
 
 
+def _weight_shape(value: ir.Value) -> tuple | None:
+    weight = value.const_value
+    if weight is None:
+        producer = value.producer()
+        if producer is not None and producer.op_type == "Constant" and producer.domain == "":
+            weight = ir.convenience.get_const_tensor(value)
+    return None if weight is None else (tuple(weight.shape), weight.dtype)
+
+
+def merge_shared_inputs(model: ir.Model) -> list[str]:
+    """In place, in every graph and function: each pair of one-weight ort_mtp::MatMul nodes that read
+    the same A with constant weights of one K and type becomes one two-weight node (the module
+    docstring), placed where the first was, named "<first>+<second>"; the outputs keep their values'
+    names and consumers. Nodes are paired in graph order (a third reader of the same A stays alone).
+    Returns the new nodes' names."""
+    from .patterns import graphs_and_functions
+
+    merged = []
+    for container in list(graphs_and_functions(model)):
+        readers: dict[ir.Value, list[ir.Node]] = {}
+        for node in container:
+            if (node.domain == DOMAIN and node.op_type == OP and len(node.inputs) == 2 and len(node.outputs) == 1
+                    and node.inputs[0] is not None and node.inputs[1] is not None):
+                readers.setdefault(node.inputs[0], []).append(node)
+        for a, nodes in readers.items():
+            by_weight: dict[tuple, list[ir.Node]] = {}
+            for node in nodes:
+                shape = _weight_shape(node.inputs[1])
+                if shape is not None and len(shape[0]) == 2:
+                    by_weight.setdefault((shape[0][0], shape[1]), []).append(node)
+            for same in by_weight.values():
+                for first, second in zip(same[0::2], same[1::2]):
+                    new = ir.Node(DOMAIN, OP, [a, first.inputs[1], second.inputs[1]], num_outputs=2,
+                                  name=f"{first.name}+{second.name}", doc_string=first.doc_string)
+                    new.metadata_props.update(first.metadata_props)
+                    old_values = [first.outputs[0], second.outputs[0]]
+                    for value, old in zip(new.outputs, old_values):  # keep what the graph knew of the outputs
+                        value.type, value.shape = old.type, old.shape
+                    ir.convenience.replace_nodes_and_values(container, first, [first, second], [new], old_values,
+                                                            list(new.outputs))
+                    merged.append(new.name)
+    return merged
+
+
 def available(library: str, provider: str = "cpu", dtype: ir.DataType = ir.DataType.FLOAT,
               device_id: int = 0) -> str | None:
     """None when `library` runs ort_mtp::MatMul on `provider` for `dtype`, else why not (one line; a
@@ -161,4 +224,5 @@ def available(library: str, provider: str = "cpu", dtype: ir.DataType = ir.DataT
 @functools.lru_cache(maxsize=32)
 def _available(library: str, stamp: int, provider: str, dtype: int, device_id: int) -> str | None:
     name = _TYPES[ir.DataType(dtype)]
-    return probe.refusal(library, provider, model(8, 8, name, node_name="probe"), OP, name, device_id)
+    # The two-weight form: a library that predates it runs none of the rewritten (and merged) nodes.
+    return probe.refusal(library, provider, model(8, 8, name, node_name="probe", n2=8), OP, name, device_id)

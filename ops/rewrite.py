@@ -152,6 +152,7 @@ class ModelReport:
     linear_attention: BlockReport = field(default_factory=BlockReport)
     attention: BlockReport = field(default_factory=BlockReport)  # GroupQueryAttention nodes, by name
     float_matmul: BlockReport = field(default_factory=BlockReport)  # ONNX MatMul nodes, by name
+    float_matmul_merged: list[str] = field(default_factory=list)  # two-weight ort_mtp MatMul nodes made from pairs
 
     @property
     def count(self) -> int:
@@ -233,6 +234,10 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
 
         outcome = patterns.apply(view, FloatMatMulRewrite(float_matmul), node_filter.selects)
         report.float_matmul = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+        if outcome.rewritten:  # pairs reading one A: one launch (ops.float_matmul.merge_shared_inputs)
+            from .float_matmul import merge_shared_inputs
+
+            report.float_matmul_merged = merge_shared_inputs(view)
     if report.changed:
         rewritten = ir.serde.serialize_model(view)
         _keep_value_info(model, rewritten)

@@ -1,7 +1,8 @@
 """ort_mtp::MatMul on the CPU EP: against its float64 reference and ONNX Runtime's MatMul (the node it
 replaces), an M-row call bit-identical to M one-row calls at every thread count, its errors naming
-the node; and the float-matmul rewrite (ops.float_matmul): the a/b projections of our folders and the
-builder's move onto it, what is kept and why.
+the node, the two-weight node bit-identical to two one-weight nodes; and the float-matmul rewrite
+(ops.float_matmul): the a/b projections of our folders and the builder's move onto it, pairs reading
+one input merge into two-weight nodes, what is kept and why.
 
 Tolerances (u_T the unit roundoff: 2^-24 float32, 2^-11 float16, 2^-8 bfloat16): the kernel sums K
 float32 products in order, so |y - exact| <= K u_32 sum_k |a_k b_k| (the classic bound for recursive
@@ -117,6 +118,46 @@ def test_one_dimensional_a_and_empty_extents(cpu_session):
     assert zero_k.shape == (1, 2, 4) and not zero_k.any()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("k,n,n2", [(64, 48, 48), (300, 50, 7), (33, 16, 24), (130, 1, 257)])
+def test_two_weights_give_what_two_nodes_give(k, n, n2, dtype):
+    rng = np.random.default_rng(k + n + n2)
+    a, b = _case(rng, k, n, 6, dtype)
+    b2 = _representable(rng.standard_normal((k, n2)) / np.sqrt(k), dtype)
+    both = _session(fm.model(k, n, dtype, weight=b, weight2=b2, node_name=NODE, float32_io=True))
+    one = _session(fm.model(k, n, dtype, weight=b, float32_io=True)).run(None, {"A": a})[0]
+    two = _session(fm.model(k, n2, dtype, weight=b2, float32_io=True)).run(None, {"A": a})[0]
+    y, y2 = both.run(None, {"A": a})
+    assert y.shape == (1, 6, n) and y2.shape == (1, 6, n2)
+    assert np.array_equal(y, one) and np.array_equal(y2, two)
+    rows = [both.run(None, {"A": a[:, i:i + 1]}) for i in range(6)]  # and rows still do not depend on M
+    assert np.array_equal(np.concatenate([r[0] for r in rows], 1), y)
+    assert np.array_equal(np.concatenate([r[1] for r in rows], 1), y2)
+
+
+def test_two_weights_with_an_empty_one(cpu_session):
+    rng = np.random.default_rng(2)
+    b = rng.standard_normal((8, 5)).astype(np.float32)
+    a = rng.standard_normal((1, 3, 8)).astype(np.float32)
+    y, y2 = cpu_session(fm.model(8, 0, weight=np.zeros((8, 0), np.float32), weight2=b)).run(None, {"A": a})
+    assert y.shape == (1, 3, 0) and np.allclose(y2, a @ b, rtol=1e-5)
+
+
+def test_two_weight_errors_name_the_node(cpu_session):
+    a = np.ones((1, 2, 6), np.float32)
+    model = fm.model(6, 4, node_name=NODE, n2=3, b2_shape=["k2", "n2"])
+    for out in model.graph.output:
+        out.type.tensor_type.shape.ClearField("dim")
+    session = cpu_session(model)
+    with pytest.raises(Exception, match="input B2 has shape \\[5, 3\\], expected \\[K, N\\] with K A's last extent"):
+        session.run(None, {"A": a, "B": np.ones((6, 4), np.float32), "B2": np.ones((5, 3), np.float32)})
+    lonely = fm.model(6, 4, node_name=NODE, n2=3)
+    del lonely.graph.node[0].output[1]  # B2 without its output Y2
+    del lonely.graph.output[1]
+    with pytest.raises(Exception, match="3 inputs need 2 outputs"):
+        cpu_session(lonely)
+
+
 @pytest.mark.parametrize("change,message", [
     ("b_rank", "input B has shape [2, 6, 4], expected a matrix [K, N]"),
     ("k", "input B has shape [5, 4], expected [K, N] with K A's last extent"),
@@ -166,7 +207,52 @@ def test_tiny_preset_gate_projections_move_to_our_op(tiny_folder, cpu_session):
                                   float_matmul=float_matmul_check())
     assert sorted(report.float_matmul.rewritten) == sorted(before) and report.float_matmul.kept == []
     assert report.count == 0 and report.linear_attention.total == 0  # only the kind asked for
-    assert not _dense(model) and sorted(n.name for n in _dense(model, "ort_mtp")) == sorted(before)
+    # Each layer's a and b projections read the same normed hidden: one two-weight node per layer,
+    # the outputs under their old names.
+    ours = _dense(model, "ort_mtp")
+    assert not _dense(model) and len(ours) == len(before) // 2
+    assert sorted(report.float_matmul_merged) == sorted(n.name for n in ours)
+    assert sorted(part for n in ours for part in n.name.split("+")) == sorted(before)
+    assert all(len(n.input) == 3 and len(n.output) == 2 for n in ours)
+    assert sorted(o for n in ours for o in n.output) == sorted(o for n in _dense(_load(tiny_folder)) for o in n.output)
+
+
+def _shared_input_model(k=40, seed=4):
+    """Three ONNX MatMuls: P and Q read A, R reads P's output; P's output is also a graph output."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weights = {name: rng.standard_normal(shape).astype(np.float32)
+               for name, shape in {"WP": (k, 8), "WQ": (k, 16), "WR": (8, 4)}.items()}
+    nodes = [helper.make_node("MatMul", ["A", "WP"], ["P"], name="p"),
+             helper.make_node("Relu", ["A"], ["A2"], name="relu"),
+             helper.make_node("MatMul", ["P", "WR"], ["R"], name="r"),
+             helper.make_node("MatMul", ["A", "WQ"], ["Q"], name="q")]
+    graph = helper.make_graph(
+        nodes, "shared", [helper.make_tensor_value_info("A", TensorProto.FLOAT, ["b", "s", k])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("P", "Q", "R", "A2")],
+        initializer=[numpy_helper.from_array(w, name) for name, w in weights.items()])
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_matmuls_reading_one_input_merge_and_compute_the_same_bits(monkeypatch):
+    model = _shared_input_model()
+    report = rewrite_model_report(model, rewrites=[FLOAT_MATMUL], float_matmul=float_matmul_check())
+    assert sorted(report.float_matmul.rewritten) == ["p", "q", "r"] and report.float_matmul_merged == ["p+q"]
+    merged = {n.name: n for n in model.graph.node}
+    assert list(merged["p+q"].input) == ["A", "WP", "WQ"] and list(merged["p+q"].output) == ["P", "Q"]
+    assert merged["r"].domain == "ort_mtp" and list(merged["r"].input) == ["P", "WR"]  # alone: nothing to pair
+    known = {"A", "WP", "WQ", "WR"}
+    for node in model.graph.node:  # still topologically sorted
+        assert set(node.input) <= known, node.name
+        known |= set(node.output)
+    # The same graph rewritten without the merge: the same outputs, bit for bit.
+    monkeypatch.setattr(fm, "merge_shared_inputs", lambda view: [])
+    unmerged = _shared_input_model()
+    assert rewrite_model_report(unmerged, rewrites=[FLOAT_MATMUL]).float_matmul_merged == []
+    a = np.random.default_rng(9).standard_normal((2, 3, 40)).astype(np.float32)
+    for got, want in zip(_session(model).run(None, {"A": a}), _session(unmerged).run(None, {"A": a})):
+        assert np.array_equal(got, want)
 
 
 def test_builder_folder_gate_projections_move_to_our_op(builder_folder):
@@ -216,9 +302,10 @@ def test_cli_only_float_matmul(tiny_folder, tmp_path, capsys):
 
     n = len(_dense(_load(tiny_folder)))
     assert cli_main(["rewrite", str(tiny_folder / "model.onnx"), str(tmp_path / "a.onnx"), "--only", "float-matmul"]) == 0
-    assert f"rewrote {n} of {n} MatMul nodes into ort_mtp MatMul" in capsys.readouterr().out
+    assert (f"rewrote {n} of {n} MatMul nodes into ort_mtp MatMul ({n // 2} pairs reading one input merged into "
+            "two-weight nodes)") in capsys.readouterr().out
     model = onnx.load(str(tmp_path / "a.onnx"), load_external_data=False)
-    assert not _dense(model) and len(_dense(model, "ort_mtp")) == n
+    assert not _dense(model) and len(_dense(model, "ort_mtp")) == n // 2
     assert {x.domain for x in model.graph.node if x.op_type == "MatMulNBits"} == {"com.microsoft"}
     activation = fm.model(8, 4, node_name="x")
     activation.graph.node[0].domain = ""

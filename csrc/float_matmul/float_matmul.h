@@ -6,6 +6,12 @@
 // gives a wide MTP verify rows that differ in the last bits from width-1 decode (docs/driver.md).
 // The graphs use it for the Gated DeltaNet's a and b projections, which the builder keeps dense: narrow
 // outputs (N = the linear-attention value heads) that cuBLAS runs as split-K GEMMs.
+//
+// A second weight B2 [K, N2] (optional input 3, output 2) makes the node two MatMuls of one A in one
+// launch: Y2 = A B2, each output column computed exactly as a node of its own computes it. The a and b
+// projections read the same normed hidden and are each a few microseconds of launch and memory latency
+// (6 blocks of 512 threads at N = 48), so one launch for both halves that cost (ops/float_matmul.py
+// merges such pairs).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +28,10 @@ struct FloatMatMulProblem {
   const void* a = nullptr;  // [M, K] row-major
   const void* b = nullptr;  // [K, N] row-major
   void* y = nullptr;        // [M, N]
+  // The optional second product of the same A: Y2 = A B2 (n2 = 0: none).
+  int64_t n2 = 0;
+  const void* b2 = nullptr;  // [K, N2] row-major
+  void* y2 = nullptr;        // [M, N2]
 };
 
 // CPU kernel: y[m, n] = sum over k = 0, 1, ..., K-1 in ascending order of a[m, k] * b[k, n], each product

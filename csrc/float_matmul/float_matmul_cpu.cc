@@ -111,10 +111,19 @@ void Run(const FloatMatMulProblem& p, MatMulParallelFor parallel_for, void* cont
 }  // namespace
 
 void FloatMatMulCpu(const FloatMatMulProblem& p, MatMulParallelFor parallel_for, void* parallel_context) {
+  FloatMatMulProblem first = p;
+  first.n2 = 0;
   switch (p.type) {
-    case FloatType::kFloat32: return Run<float>(p, parallel_for, parallel_context);
-    case FloatType::kFloat16: return Run<Ort::Float16_t>(p, parallel_for, parallel_context);
-    case FloatType::kBFloat16: return Run<Ort::BFloat16_t>(p, parallel_for, parallel_context);
+    case FloatType::kFloat32: Run<float>(first, parallel_for, parallel_context); break;
+    case FloatType::kFloat16: Run<Ort::Float16_t>(first, parallel_for, parallel_context); break;
+    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(first, parallel_for, parallel_context); break;
+  }
+  if (p.n2 > 0) {  // the second product: the same code on (A, B2), so Y2 is what a node of its own computes
+    FloatMatMulProblem second = first;
+    second.n = p.n2;
+    second.b = p.b2;
+    second.y = p.y2;
+    FloatMatMulCpu(second, parallel_for, parallel_context);
   }
 }
 

@@ -8,11 +8,21 @@
 // is picked from M only to skip work on rows that do not exist: every row follows the same sequence of
 // float32 operations in every R and unrolling, so row m's bits never depend on M. (R = 2 and 4 took
 // longer at M = 2..4 than R = 8 at M = 5..8 on an H200: bench/results/2026-12-03-float-matmul.)
+// With a second weight B2 the grid's first blocks take B's column groups and the rest B2's; a block runs
+// the same code on whichever (B, Y, N) its index selects, so each output is what a one-weight launch
+// computes.
+//
+// On sm_90 the kernel is launched with programmatic stream serialization: its blocks may start while the
+// previous kernel (in the graphs, the in-projection GEMVs, which let dependents start once running) is
+// still at work. A block then asks L2 for its share of B, which is a session constant, lets the next
+// kernel start likewise, and waits for the previous kernel to finish before it reads A or writes Y. So
+// its launch and B's first trip from DRAM overlap the previous kernel; what it computes is unchanged.
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "common/cuda_numeric.cuh"
+#include "common/cuda_pdl.cuh"
 #include "float_matmul/float_matmul.h"
 
 namespace ort_mtp {
@@ -79,16 +89,37 @@ __device__ __forceinline__ void HalvingSum(float* vals, int lane, int& base) {
 template <int R>
 constexpr int kUnroll = R == 1 ? 8 : 2;  // R = 8 at 4: past the 128 registers 512 threads may each have
 
+// One weight of a launch: B [K, N] and its output Y [M, N].
+template <typename T>
+struct Weight {
+  const T* b;
+  T* y;
+  int n;
+};
+
 template <typename T, int R, bool kVector>
-__global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restrict__ a, const T* __restrict__ b,
-                                                             T* __restrict__ y, int64_t m, int k, int n) {
+__global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restrict__ a, Weight<T> w0, Weight<T> w1,
+                                                             int blocks0, int64_t m, int k) {
   constexpr int kValues = R * kCols;  // a thread's partial sums, a power of two
   static_assert((kValues & (kValues - 1)) == 0, "HalvingSum halves evenly");
   // Lanes whose bits below 32 / kValues are zero hold a sum no other lane's copy differs from.
   constexpr int kCopies = kValues >= 32 ? 1 : 32 / kValues;
   __shared__ float warp_sums[kWarps][kValues];
-  const int c0 = blockIdx.x * kCols;
+  const bool second = static_cast<int>(blockIdx.x) >= blocks0;
+  const T* __restrict__ b = second ? w1.b : w0.b;
+  T* __restrict__ y = second ? w1.y : w0.y;
+  const int n = second ? w1.n : w0.n;
+  const int c0 = (second ? static_cast<int>(blockIdx.x) - blocks0 : static_cast<int>(blockIdx.x)) * kCols;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  // B's rows of this thread's k into L2 (each 8-column segment is 16 or 32 bytes: one prefetch of its
+  // first byte), then programmatic dependent launch's handshake (no-ops when the launch did not opt in):
+  // from here on A and Y are safe to touch.
+  if (c0 < n) {
+    for (int kk = threadIdx.x; kk < k; kk += kThreads)
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(b + static_cast<int64_t>(kk) * n + c0));
+  }
+  cuda::GridDependencyTrigger();
+  cuda::GridDependencyWait();
   const int64_t passes = (m + R - 1) / R;
   for (int64_t pass = blockIdx.y; pass < passes; pass += gridDim.y) {
     const int64_t r0 = pass * R;
@@ -128,23 +159,35 @@ __global__ void __launch_bounds__(kThreads) FloatMatMulKernel(const T* __restric
 }
 
 template <typename T, int R>
-void LaunchR(const FloatMatMulProblem& p, bool vector, cudaStream_t stream) {
+cudaError_t LaunchR(const FloatMatMulProblem& p, bool vector, cudaStream_t stream) {
   const int64_t passes = (p.m + R - 1) / R;
-  const dim3 grid(static_cast<unsigned>((p.n + kCols - 1) / kCols),
+  const int blocks0 = static_cast<int>((p.n + kCols - 1) / kCols);
+  const int blocks1 = static_cast<int>((p.n2 + kCols - 1) / kCols);
+  const dim3 grid(static_cast<unsigned>(blocks0 + blocks1),
                   static_cast<unsigned>(passes < kMaxGridY ? passes : kMaxGridY));
   const T* a = static_cast<const T*>(p.a);
-  const T* b = static_cast<const T*>(p.b);
-  T* y = static_cast<T*>(p.y);
-  const int k = static_cast<int>(p.k), n = static_cast<int>(p.n);
-  if (vector)
-    FloatMatMulKernel<T, R, true><<<grid, kThreads, 0, stream>>>(a, b, y, p.m, k, n);
-  else
-    FloatMatMulKernel<T, R, false><<<grid, kThreads, 0, stream>>>(a, b, y, p.m, k, n);
+  const Weight<T> w0{static_cast<const T*>(p.b), static_cast<T*>(p.y), static_cast<int>(p.n)};
+  const Weight<T> w1{static_cast<const T*>(p.b2), static_cast<T*>(p.y2), static_cast<int>(p.n2)};
+  const int k = static_cast<int>(p.k);
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.stream = stream;
+  cfg.attrs = &attr;
+  cfg.numAttrs = cuda::DeviceMajor() >= 9 ? 1 : 0;
+  auto kernel = vector ? FloatMatMulKernel<T, R, true> : FloatMatMulKernel<T, R, false>;
+  return cudaLaunchKernelEx(&cfg, kernel, a, w0, w1, blocks0, p.m, k);
 }
 
 template <typename T>
-void Launch(const FloatMatMulProblem& p, cudaStream_t stream) {
-  const bool vector = p.n % kCols == 0 && reinterpret_cast<uintptr_t>(p.b) % 16 == 0;
+cudaError_t Launch(const FloatMatMulProblem& p, cudaStream_t stream) {
+  // 16-byte loads of B's rows need N % 8 == 0 and an aligned B, in both weights. (The vector and scalar
+  // loads give the same values, so the choice never changes a result.)
+  const auto aligned = [](int64_t n, const void* b) { return n % kCols == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0; };
+  const bool vector = aligned(p.n, p.b) && (p.n2 == 0 || aligned(p.n2, p.b2));
   if (p.m == 1) return LaunchR<T, 1>(p, vector, stream);
   return LaunchR<T, 8>(p, vector, stream);
 }
@@ -153,13 +196,13 @@ void Launch(const FloatMatMulProblem& p, cudaStream_t stream) {
 
 const char* FloatMatMulCuda(const FloatMatMulProblem& p, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaSuccess;
   switch (p.type) {
-    case FloatType::kFloat32: Launch<float>(p, s); break;
-    case FloatType::kFloat16: Launch<__half>(p, s); break;
-    case FloatType::kBFloat16: Launch<__nv_bfloat16>(p, s); break;
+    case FloatType::kFloat32: err = Launch<float>(p, s); break;
+    case FloatType::kFloat16: err = Launch<__half>(p, s); break;
+    case FloatType::kBFloat16: err = Launch<__nv_bfloat16>(p, s); break;
   }
-  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
-  return nullptr;
+  return err == cudaSuccess ? nullptr : cudaGetErrorString(err);
 }
 
 }  // namespace ort_mtp

@@ -705,19 +705,6 @@ __global__ void __launch_bounds__(kFinishThreads) FinishKernel(const GdnParams p
   NormRow<T>(o, z, w, lane, dv, p.epsilon, y);
 }
 
-// Compute capability major of the current device (cached per device; 0 if unknown).
-int DeviceMajor() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> cache[kMaxDevices];  // major + 1; 0: not asked yet
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return 0;
-  if (const int known = cache[device].load(std::memory_order_relaxed)) return known - 1;
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) major = 0;
-  cache[device].store(major + 1, std::memory_order_relaxed);
-  return major;
-}
-
 // The staging buffer: dk rows of (cols + 16 bytes) state elements; at most 128 x (128 x 4 + 16) bytes.
 constexpr int kMaxStageBytes = kMaxHeadDim * (kMaxHeadDim * 4 + 16);
 
@@ -843,7 +830,7 @@ const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream) {
     return "batch or num_v_heads over 65535 (or batch x S x num_v_heads too large) for the CUDA kernel's grid";
   if (p.slots < 1 || p.slots > 0x7FFFFFFFLL || p.conv_kernel < 1 || p.conv_kernel > 0x7FFFFFFFLL)
     return "internal error: bad slot count or conv kernel size";
-  const int major = DeviceMajor();
+  const int major = cuda::DeviceMajor();
   GdnParams prm{};
   prm.qkv = p.qkv;
   prm.z = p.z;

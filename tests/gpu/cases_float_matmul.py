@@ -11,6 +11,9 @@ poisoned with NaN first (an element the kernel leaves unwritten fails).
      slice of rows (the kernel picks its rows per pass by M).
   3. ORT's CUDA graph: capture and replay with new A written into the bound buffer, each replay
      bit-equal to a plain run.
+  4. The two-weight node MatMul(A, B, B2) -> (Y, Y2) (the merged a/b projections: the grid's first
+     blocks take B, the rest B2): Y and Y2 bit-identical to one-weight CUDA nodes of B and of B2, at
+     M = 1, 4 and a prefill, N2 unlike N and N % 8 != 0 in one of them (the scalar loads for both).
 
 TOLERANCE. The CPU op sums the K products in ascending order in float32; the CUDA kernel in 512
 strided partial sums combined by a tree; each is within K u_32 sum_k |a_k b_k| of the exact sum (the
@@ -147,6 +150,29 @@ def check_graph(ctx: Context, case: Case, steps: int = 4) -> dict:
             "problem": f"differs from plain runs: {bad}" if bad else None}
 
 
+def check_two_weights(ctx: Context, case: Case, n2: int) -> dict:
+    label = f"two weights: {case.label()} N2={n2}"
+    a, b = case_data(ctx.rng, case)
+    b2 = representable(ctx.rng.standard_normal((case.k, n2)) / np.sqrt(case.k), case.dtype)
+    device = ctx.device
+    session = make_session(device, fm.model(case.k, case.n, case.dtype, weight=b, weight2=b2, node_name=NODE))
+    a_buf = Buffer.upload(device, a, case.dtype)
+    y = Buffer.poisoned(device, (1, case.m, case.n), case.dtype)
+    y2 = Buffer.poisoned(device, (1, case.m, n2), case.dtype)
+    binding = session.io_binding()
+    a_buf.bind(binding, "A")
+    y.bind(binding, "Y", output=True)
+    y2.bind(binding, "Y2", output=True)
+    session.run_with_iobinding(binding, device.run_options(None))
+    device.synchronize()
+    one = Runner(ctx, case, b, cpu=False).run(a)
+    two = Runner(ctx, Case(case.k, n2, case.m, case.dtype), b2, cpu=False).run(a)
+    problems = [f"{name} differs from the one-weight node's" for name, got, want in (("Y", y, one), ("Y2", y2, two))
+                if not np.array_equal(got.raw(), want.raw())]
+    problems += [f"{name} has NaN or unwritten elements" for name, got in (("Y", y), ("Y2", y2)) if np.isnan(got.floats()).any()]
+    return {"case": label, "ok": not problems, "problem": "; ".join(problems) or None, "shape": {**asdict(case), "n2": n2}}
+
+
 def check_float_matmul(ctx: Context):
     for case in FIXED + random_cases(ctx.rng, ctx.random_cases):
         ctx.started(case.label())
@@ -154,3 +180,7 @@ def check_float_matmul(ctx: Context):
     for case in (Case(5120, 48, 1), Case(5120, 48, 4)):
         ctx.started(f"CUDA graph: {case.label()}")
         yield check_graph(ctx, case)
+    for case, n2 in ((Case(5120, 48, 1), 48), (Case(5120, 48, 4), 48), (Case(5120, 48, 2048), 48),
+                     (Case(1000, 24, 3, "bfloat16"), 17), (Case(640, 8, 9, "float32"), 200)):
+        ctx.started(f"two weights: {case.label()} N2={n2}")
+        yield check_two_weights(ctx, case, n2)
