@@ -2,7 +2,9 @@
 bandwidth measured in the same run; optionally greedy / MTP tok/s on the `small` preset.
 
 Both ops are timed at accuracy_level 4 (int8 activations: what the builder and models/graph.py emit
-for CPU int4; keys ours_*, ort_*) and at accuracy_level 0 (float32 activations; ours_l0_*, ort_l0_*).
+for CPU int4; keys ours_*, ort_*) and at accuracy_level 0 (float32 activations; ours_l0_*, ort_l0_*);
+ours at level 4 also without the int8 kernel's grouped copy of the weights (ORT_MTP_CPU_PACK=0;
+ours_unpacked_*).
 
     python bench/cpu.py [--reps 21] [--threads 2] [--e2e FOLDER] [--out bench/results/cpu-gemv]
 
@@ -92,6 +94,11 @@ def bench_matmul(args, copy_gbs: float) -> list[dict]:
         sessions = {name: session(layers_model(ws, dom, level), args.threads)
                     for name, dom, level in (("ours", "ort_mtp", 4), ("ort", "com.microsoft", 4),
                                              ("ours_l0", "ort_mtp", 0), ("ort_l0", "com.microsoft", 0))}
+        os.environ["ORT_MTP_CPU_PACK"] = "0"  # read when the session creates its kernels
+        try:
+            sessions["ours_unpacked"] = session(layers_model(ws, "ort_mtp", 4), args.threads)
+        finally:
+            del os.environ["ORT_MTP_CPU_PACK"]
         for M in MS:
             a = rng.standard_normal((M, K)).astype(np.float32)
             row = {"N": N, "K": K, "M": M, "layers": layers, "bytes_per_layer": weight_bytes + 4 * M * (K + N)}
@@ -102,29 +109,51 @@ def bench_matmul(args, copy_gbs: float) -> list[dict]:
                 row[f"{name}_pct_copy"] = 100 * row[f"{name}_gbs"] / copy_gbs
             rows.append(row)
             print(f"N={N:5d} K={K:5d} M={M}: level 4: ours {row['ours_us']:8.1f} us ({row['ours_pct_copy']:5.1f}% copy)  "
+                  f"unpacked {row['ours_unpacked_us']:8.1f} us  "
                   f"ORT {row['ort_us']:8.1f} us ({row['ort_pct_copy']:5.1f}%); level 0: ours {row['ours_l0_us']:8.1f} us  "
                   f"ORT {row['ort_l0_us']:8.1f} us", flush=True)
     return rows
 
 
+E2E_PATHS = (("ort", False, None), ("ours", True, None), ("ours_unpacked", True, "0"))
+E2E_MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3))
+
+
 def bench_e2e(folder: str, args) -> dict:
+    """tok/s of ONNX Runtime's ops (rewrite=False), ours, and ours without the int8 kernel's grouped copy
+    of the weights (ORT_MTP_CPU_PACK=0 while the session is created), greedy and MTP k = 1..3: one
+    Generator per path, and the repetitions interleaved over paths and modes, so that a noisy
+    machine's slow spells fall on all of them alike. Medians."""
     from driver import Generator
 
     prompt = list(range(5, 5 + 32))
+    generators = {}
+    for path, rewrite, pack_env in E2E_PATHS:
+        saved = os.environ.get("ORT_MTP_CPU_PACK")
+        if pack_env is not None:
+            os.environ["ORT_MTP_CPU_PACK"] = pack_env
+        try:
+            generators[path] = Generator(folder, provider="cpu", mode="mtp", rewrite=rewrite, threads=args.threads)
+        finally:
+            if saved is None:
+                os.environ.pop("ORT_MTP_CPU_PACK", None)
+            else:
+                os.environ["ORT_MTP_CPU_PACK"] = saved
+    runs: dict[str, list[float]] = {}
+    tokens: dict[str, list[int]] = {}
+    for rep in range(args.e2e_reps + 1):  # the first pass warms up
+        for mode, k in E2E_MODES:
+            for path, gen in generators.items():
+                r = gen.generate(prompt, args.new_tokens, mode=mode, draft_tokens=max(k, 1), stop_at_eos=False)
+                key = f"{path}_{mode}" + (f"_k{k}" if k else "")
+                if rep:
+                    runs.setdefault(key, []).append(
+                        r.stats.new_tokens / r.stats.decode_seconds if r.stats.decode_seconds else 0.0)
+                tokens[key] = r.tokens
     out = {}
-    for path, rewrite in (("ort", False), ("ours", True)):
-        for mode, k in (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3)):
-            gen = Generator(folder, provider="cpu", mode="greedy" if mode == "greedy" else "mtp",
-                            draft_tokens=max(k, 1), rewrite=rewrite, threads=args.threads)
-            tps = []
-            tokens = None
-            for _ in range(args.e2e_reps):
-                r = gen.generate(prompt, args.new_tokens, stop_at_eos=False)
-                tps.append(r.stats.new_tokens / r.stats.decode_seconds if r.stats.decode_seconds else 0.0)
-                tokens = r.tokens
-            key = f"{path}_{mode}" + (f"_k{k}" if k else "")
-            out[key] = {"tok_s": float(np.median(tps)), "tokens": tokens}
-            print(f"{key}: {out[key]['tok_s']:.1f} tok/s", flush=True)
+    for key, tps in runs.items():
+        out[key] = {"tok_s": float(np.median(tps)), "tok_s_runs": tps, "tokens": tokens[key]}
+        print(f"{key}: {out[key]['tok_s']:.1f} tok/s", flush=True)
     return out
 
 

@@ -127,6 +127,70 @@ def test_rows_bitwise_across_m_and_threads(case, library_path):
     check_int8_reference(np.concatenate(singles).astype(np.float64), a, w)
 
 
+# Shapes the SIMD kernel reads from its own grouped copy of the weights (matmul_nbits.h, kCpuGroups:
+# 4 bits, no zero points, block_size <= 128, K % 128 == 0, N % 4 == 0).
+PACKED_CASES = [
+    ("float32", None, False, 32, 1024, 96),
+    ("float32", None, True, 16, 256, 8),
+    ("float32", None, False, 128, 640, 20),
+    ("float16", None, True, 64, 384, 12),
+    ("float16", None, False, 32, 256, 64),
+    ("bfloat16", None, True, 128, 512, 4),
+]
+
+
+@pytest.mark.parametrize("case", PACKED_CASES, ids=_case_id)
+def test_grouped_copy_gives_the_row_major_bits(case, library_path, monkeypatch):
+    """The kernel's grouped copy of constant weights (the default where it applies) and the row-major
+    weights as stored (ORT_MTP_CPU_PACK=0, read when a session creates its kernels) give the same bits
+    at every M and thread count: the layout only moves bytes."""
+    dtype, zp, bias, bs, K, N = case
+    rng = np.random.default_rng([SEED, 41, K, N, bs])
+    w = nbits.random_weights(rng, K, N, bits=4, block_size=bs, dtype=dtype, zero_points=zp, bias=bias)
+    monkeypatch.setenv("ORT_MTP_CPU_PACK", "0")
+    plain = _session(library_path, _model(w), 2)
+    monkeypatch.delenv("ORT_MTP_CPU_PACK")
+    grouped = {t: _session(library_path, _model(w), t) for t in (1, 2)}
+    feed = _feed(_activations(rng, 9, K, dtype), dtype)
+    for M in (1, 2, 3, 4, 5, 8, 9):
+        want = plain.run(None, {"A": feed[:M]})[0]
+        for t, s in grouped.items():
+            assert np.array_equal(s.run(None, {"A": feed[:M]})[0].view(np.uint8), want.view(np.uint8)), \
+                f"threads={t} M={M}: the grouped copy's result differs from the row-major one"
+
+
+def _has_avx2() -> bool:
+    try:
+        return " avx2" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_avx2(), reason="the grouped copy is for the SIMD int8 kernels (AVX2 and up)")
+def test_the_grouped_copy_is_made_where_it_applies(library_path, monkeypatch, capfd):
+    """The kernel says, in the session's log at INFO, when it made its grouped copy: for a packable
+    node by default, not with ORT_MTP_CPU_PACK=0, not for a shape the layout does not take (N % 4 != 0)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng([SEED, 42])
+
+    def says_grouped(w) -> bool:
+        options = ort.SessionOptions()
+        options.log_severity_level = 1  # INFO
+        options.register_custom_ops_library(library_path)
+        model = nbits.single_node_model(w, domain="ort_mtp", accuracy_level=4, node_name="mm")
+        capfd.readouterr()
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return "MatMulNBits node 'mm': the CPU int8 kernel reads its own grouped copy" in capfd.readouterr().err
+
+    w = nbits.random_weights(rng, 256, 16, bits=4, block_size=32, dtype="float32")
+    odd = nbits.random_weights(rng, 256, 18, bits=4, block_size=32, dtype="float32")
+    zero_points = nbits.random_weights(rng, 256, 16, bits=4, block_size=32, dtype="float32", zero_points="packed")
+    assert says_grouped(w) and not says_grouped(odd) and not says_grouped(zero_points)
+    monkeypatch.setenv("ORT_MTP_CPU_PACK", "0")
+    assert not says_grouped(w)
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c[1] != "typed" and c[0] != "bfloat16"], ids=_case_id)
 def test_matches_onnxruntime_accuracy_level_4(case, cpu_session):
     dtype, zp, bias, bs, K, N = case

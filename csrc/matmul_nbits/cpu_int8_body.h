@@ -19,6 +19,9 @@
 // chunk's CK / 2 weight bytes (byte j = k 2 j low, 2 j + 1 high) meet their activations without any
 // shuffle: dot(lo nibbles, even half) + dot(hi nibbles, odd half), 4 bytes per int32 lane.
 
+// kCpuGroups: how far ahead of a group's unit the kernel asks for the group's next bytes (2 units).
+constexpr int kGroupPrefetchBytes = 2 * kGroupUnitBytes;
+
 // Scales of the blocks of chunk `ch` of column n, one per lane (BPC = blocks per chunk >= 1 ...).
 template <int kType, int bs>
 ORT_MTP_TARGET inline typename V::F LaneScales(const void* base, int64_t first_block) {
@@ -88,8 +91,25 @@ ORT_MTP_TARGET __attribute__((always_inline)) inline void Int8Step(const Int8Job
   typename V::F sw[NC];
   [[maybe_unused]] typename Q::I zpi[NC];
   [[maybe_unused]] typename V::F zpf[NC];
+  // kCpuGroups (matmul_nbits.h; only for N % 4 == 0 and K % 128 == 0, so NC = 4 and no tail chunk): the
+  // group's unit holding this chunk, its columns 64 bytes apart; the same bytes as the row-major rows.
+  const bool grouped = p.layout == WeightLayout::kCpuGroups;
+  const int64_t unit = grouped ? (n0 / kGroupCols) * (p.K / kGroupK) + ch * CK / kGroupK : 0;
+  const int64_t in_unit = (ch * CK) % kGroupK;
+  if (grouped && in_unit == 0) {  // the 4 cache lines of the unit kGroupPrefetchBytes ahead
+    const char* ahead = reinterpret_cast<const char*>(p.b + unit * kGroupUnitBytes) + kGroupPrefetchBytes;
+    for (int line = 0; line < kGroupUnitBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  }
   for (int c = 0; c < NC; ++c) {
     const int64_t n = n0 + c;
+    if (grouped) {
+      constexpr int kPerUnit = bs <= kGroupK ? kGroupK / bs : 1;
+      const typename Q::I x = Q::LoadBytes(p.b + unit * kGroupUnitBytes + c * (kGroupK / 2) + in_unit / 2);
+      lo[c] = Q::Lo(x);
+      hi[c] = Q::Hi(x);
+      sw[c] = LaneScales<kType, bs>(p.scales, unit * (kGroupCols * kPerUnit) + c * kPerUnit + in_unit / bs);
+      continue;
+    }
     const uint8_t* src = p.b + n * row_bytes + ch * CB;
     typename Q::I x;
     if constexpr (kTail) {

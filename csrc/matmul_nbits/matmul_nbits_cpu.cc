@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -587,7 +588,8 @@ const Int8Isa& Int8IsaChosen() {
 }
 
 bool Int8Applies(const MatMulNBitsProblem& p) {
-  return p.accuracy_level == 4 && p.bits == 4 && p.layout == WeightLayout::kRowMajor;
+  return p.accuracy_level == 4 && p.bits == 4 &&
+         (p.layout == WeightLayout::kRowMajor || p.layout == WeightLayout::kCpuGroups);
 }
 
 void RunInt8(const Int8Isa& isa, const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
@@ -639,7 +641,32 @@ const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p) {
   return "reference";
 }
 
+bool MatMulNBitsCpuPackable(const MatMulNBitsProblem& p) {
+  const char* env = std::getenv("ORT_MTP_CPU_PACK");
+  if (env && std::string(env) == "0") return false;
+  return p.layout == WeightLayout::kRowMajor && Int8Applies(p) && Int8IsaChosen().group == kGroupCols &&
+         p.zp_kind == ZeroPointKind::kNone && p.block_size <= kGroupK && p.K % kGroupK == 0 &&
+         p.N % kGroupCols == 0 && p.k_blocks * p.block_size == p.K;
+}
+
+void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, uint8_t* b, void* scales) {
+  const int64_t row_bytes = p.K / 2, units = p.K / kGroupK, half = kGroupK / 2;
+  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
+  const int per_unit = kGroupK / p.block_size;
+  const auto* src_s = static_cast<const uint8_t*>(p.scales);
+  auto* dst_s = static_cast<uint8_t*>(scales);
+  for (int64_t n = 0; n < p.N; ++n) {
+    for (int64_t u = 0; u < units; ++u) {
+      std::memcpy(b + CpuGroupsByte(p.K, n, u * kGroupK), p.b + n * row_bytes + u * half, static_cast<size_t>(half));
+      std::memcpy(dst_s + CpuGroupsScale(p.K, p.block_size, n, u * per_unit) * elem,
+                  src_s + (n * p.k_blocks + u * per_unit) * elem, per_unit * elem);
+    }
+  }
+}
+
 void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
+  if (p.layout == WeightLayout::kCpuGroups && Int8IsaChosen().group != kGroupCols)
+    throw std::logic_error("kCpuGroups weights reached a kernel that cannot read them");  // packed only for it
   if (Int8Applies(p)) {
     RunInt8(Int8IsaChosen(), p, parallel_for, parallel_context);
     return;
