@@ -115,7 +115,7 @@ def bench_matmul(args, copy_gbs: float) -> list[dict]:
     return rows
 
 
-E2E_PATHS = (("ort", False, None), ("ours", True, None), ("ours_unpacked", True, "0"))
+E2E_PATHS = (("ort", False, None), ("ours", True, None), ("ours_unpacked", True, "0"))  # (name, rewrite, ORT_MTP_CPU_PACK)
 E2E_MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3))
 
 
@@ -128,12 +128,15 @@ def bench_e2e(folder: str, args) -> dict:
 
     prompt = list(range(5, 5 + 32))
     generators = {}
-    for path, rewrite, pack_env in E2E_PATHS:
+    paths = [(name, folder, rewrite, pack) for name, rewrite, pack in E2E_PATHS]
+    if args.e2e_windowed:  # the same model exported with a state window: ours only (ORT's CPU kernels refuse it)
+        paths.append(("ours_windowed", args.e2e_windowed, True, None))
+    for path, where, rewrite, pack_env in paths:
         saved = os.environ.get("ORT_MTP_CPU_PACK")
         if pack_env is not None:
             os.environ["ORT_MTP_CPU_PACK"] = pack_env
         try:
-            generators[path] = Generator(folder, provider="cpu", mode="mtp", rewrite=rewrite, threads=args.threads)
+            generators[path] = Generator(where, provider="cpu", mode="mtp", rewrite=rewrite, threads=args.threads)
         finally:
             if saved is None:
                 os.environ.pop("ORT_MTP_CPU_PACK", None)
@@ -172,6 +175,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--e2e", default=None, help="model folder (python -m models build --preset small --ep cpu)")
+    ap.add_argument("--e2e-windowed", default=None,
+                    help="the same model built with --state-window (e.g. 4): also time ours on it")
     ap.add_argument("--e2e-reps", type=int, default=3)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default=str(ROOT / "bench/results/cpu-gemv"))
@@ -203,6 +208,7 @@ def main() -> None:
     if args.e2e:
         result["e2e"] = bench_e2e(args.e2e, args)
         result["e2e_folder"] = args.e2e
+        result["e2e_windowed_folder"] = args.e2e_windowed
         result["targets"]["greedy_ours_over_ort"] = result["e2e"]["ours_greedy"]["tok_s"] / result["e2e"]["ort_greedy"]["tok_s"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ from .errors import DriverError
 from .folder import ModelFolder, read_folder
 from .runner import GraphRunner
 from .sampling import Sampler, accept_or_resample, check_sampling
-from .sessions import create_session, packed_nodes
+from .sessions import create_session, packed_nodes, rewrites
 from .stats import Profiler, Stats, profiling_requested
 from .text import Text, TokenizerUnavailable
 
@@ -87,9 +87,10 @@ class Generator:
         self.prefill_chunk = min(prefill_chunk, self.max_length)
         self.profile = profiling_requested(profile)
         self._text: Text | None = None
-        if folder.main.state_window and provider != "cuda":
-            raise DriverError(f"{folder.path} was exported with state_window={folder.main.state_window}, which only "
-                              "ONNX Runtime's CUDA kernels run; use --provider cuda")
+        if folder.main.state_window and provider != "cuda" and "linear-attention" not in rewrites(rewrite):
+            raise DriverError(f"{folder.path} was exported with state_window={folder.main.state_window}, which ONNX "
+                              "Runtime's CPU kernels refuse; run it with the rewrite (the default: ort_mtp::GatedDeltaNet "
+                              "takes it) or with --provider cuda")
         self.device = make_device(provider, graph_capture=cuda_graphs, threads=threads)
         self.eos = set(folder.eos_token_ids)
 

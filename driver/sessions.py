@@ -137,6 +137,11 @@ def create_session(spec: GraphSpec, device, max_len: int, rewrite=True,
     if rewrite:
         proto, report = rewrite_graph(spec, rewrite, device)
         swapped = report.count
+        if spec.state_window and getattr(device, "name", "cpu") != "cuda" and report.linear_attention.kept:
+            block, why = report.linear_attention.kept[0]
+            raise DriverError(f"{spec.path} was exported with state_window={spec.state_window}, which ONNX Runtime's "
+                              f"CPU kernels refuse, and its linear-attention block {block} cannot move to "
+                              f"ort_mtp::GatedDeltaNet ({why}); use --provider cuda")
     else:
         proto, swapped = spec.proto, 0
     options = ort.SessionOptions()

@@ -33,7 +33,8 @@ def _parser() -> Parser:
     b.add_argument("--out", required=True, help="output folder (new or empty)")
     b.add_argument("--precision", default="int4", help=f"one of: {', '.join(PRECISIONS)} (default int4)")
     b.add_argument("--ep", default="cpu", help="cpu or cuda (default cpu)")
-    b.add_argument("--state-window", type=int, default=0, help="W per-token conv/recurrent states (CUDA only)")
+    b.add_argument("--state-window", type=int, default=0, help="W per-token conv/recurrent states (on the CPU EP ONNX Runtime's own kernels refuse it: "
+                   "the folder then runs on our ops only, the driver's default)")
     b.add_argument("--seed", type=int, default=0, help="seed of every weight (default 0): a seed is one model")
     b.add_argument("--mtp-noise", type=float, default=Synthesis.mtp_noise,
                    help="acceptance knob: noise-to-signal of the MTP head's input (0 = most predictive)")

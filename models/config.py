@@ -226,9 +226,9 @@ class BuildOptions:
             raise ConfigError(f"ep must be one of {', '.join(EPS)}, got {self.ep!r}")
         if self.state_window < 0:
             raise ConfigError(f"state_window must be >= 0, got {self.state_window}")
-        if self.state_window and self.ep != "cuda":
-            # ORT's CPU CausalConvWithState/LinearAttention reject state_window > 0 at load time.
-            raise ConfigError("state_window > 0 needs --ep cuda (ONNX Runtime implements it only in CUDA kernels)")
+        # state_window on the CPU EP: ORT's CPU CausalConvWithState/LinearAttention reject it at load
+        # time, so such a folder runs only on ort_mtp::GatedDeltaNet (the driver's default rewrite, or
+        # `python -m ops rewrite` for onnxruntime-genai). It spares MTP its re-advance forwards there.
         self.synthesis.validate()
 
     # --- the dtype rules of onnxruntime-genai's builder ---

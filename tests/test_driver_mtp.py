@@ -38,10 +38,44 @@ def test_mtp_equals_greedy_over_prompts(generator, greedy_streams, k):
             totals[key] += s.commits[key]
         totals["accepted"] += s.accepted
         totals["drafted"] += s.drafted
-    # both commit branches a CPU model has ran: full accepts and snapshot restore + re-advance
-    # (no window on the CPU EP, so never a slot promotion)
+    # both commit branches an unwindowed model has ran: full accepts and snapshot restore + re-advance
+    # (no window, so never a slot promotion: test_windowed_cpu_folder_promotes_slots_and_equals_greedy)
     assert totals["full"] > 0 and totals["replay"] > 0 and totals["promote"] == 0
     assert 0 < totals["accepted"] < totals["drafted"]
+
+
+@pytest.fixture(scope="module")
+def windowed_tiny(tmp_path_factory):
+    """The tiny preset exported with state_window=4 for the CPU EP: the same weights as tiny_folder, the
+    linear-attention state in 4 per-token slots (only ort_mtp::GatedDeltaNet runs it on the CPU)."""
+    from models.build import build
+    from models.config import BuildOptions, preset
+
+    out = tmp_path_factory.mktemp("tiny_w4") / "model"
+    build(preset("tiny"), out, BuildOptions(precision="int4", ep="cpu", state_window=4))
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_windowed_cpu_folder_promotes_slots_and_equals_greedy(windowed_tiny, greedy_streams, k):
+    """On a windowed folder a partial accept keeps the verify's state and promotes its slot (k + 1 <= 4)
+    instead of re-advancing; past the window (k = 5) it mostly replays. Every stream is the unwindowed
+    folder's greedy stream."""
+    gen = Generator(windowed_tiny, provider="cpu", mode="mtp", draft_tokens=k, max_length=128, threads=1)
+    assert gen.promoter is not None
+    commits = {"full": 0, "replay": 0, "promote": 0}
+    for prompt in PROMPTS[:8]:
+        result = gen.generate(prompt, NEW_TOKENS, stop_at_eos=False)
+        assert result.tokens == greedy_streams[prompt], f"k={k} diverged from greedy on {prompt!r}"
+        assert result.stats.forwards["re-advance"] == result.stats.commits["replay"]
+        for key in commits:
+            commits[key] += result.stats.commits[key]
+    if k + 1 <= 4:
+        assert commits["promote"] > 0 and commits["replay"] == 0, commits
+    else:  # (a stream's last round may draft fewer than k, and then fit the window)
+        assert commits["replay"] > commits["promote"], commits
+    greedy = gen.generate(PROMPTS[0], NEW_TOKENS, mode="greedy", stop_at_eos=False)
+    assert greedy.tokens == greedy_streams[PROMPTS[0]]
 
 
 def test_replay_policy_is_the_cpu_path(tiny_folder, greedy_streams):

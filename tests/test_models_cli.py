@@ -48,7 +48,6 @@ def assert_one_line_error(capsys, argv, *fragments):
         (["--preset", "huge"], ["unknown preset 'huge'"]),
         (["--preset", "tiny", "--precision", "int8"], ["precision"]),
         (["--preset", "tiny", "--ep", "rocm"], ["ep must be"]),
-        (["--preset", "tiny", "--state-window", "4"], ["state_window", "cuda"]),
         (["--preset", "tiny", "--state-window", "-1", "--ep", "cuda"], ["state_window"]),
         (["--preset", "tiny", "--mtp-noise", "-0.5"], ["mtp_noise"]),
         (["--preset", "tiny", "--mtp-noise", "lots"], ["--mtp-noise"]),
