@@ -4,7 +4,7 @@
 // materialises a tensor. The recurrent state is rounded to its stored type after every token, as a
 // width-1 call stores it, so a call of width S is bit-identical to S calls of width 1.
 //
-// Three passes: (1) per (batch, token): causal conv + SiLU of every channel, l2 norm of q and k per
+// Three passes: (1) per (batch, token, head): causal conv + SiLU of every channel, l2 norm of q and k per
 // head, q scale, and the gates, into a float scratch (the values are T's, exactly); (2) per batch: the
 // present conv state slots; (3) per (batch, v head): the gated delta recurrence and GatedRMSNorm.
 #include <algorithm>
@@ -46,6 +46,10 @@ struct Features {
 
 // One token of the gated delta rule on a [dk, dv] state in double:
 //   S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q    (every sum over i in ascending order)
+// in two sweeps over the state's rows: row i is decayed and then added into r; after r becomes the
+// update delta, row i is updated and then added into o. Each element goes through the same operations
+// in the same order as in four separate passes (a row's decay comes before its use in r, its update
+// before its use in o, and each sum still runs over i ascending), with half the trips through memory.
 // Each loop runs over the columns j innermost, so the compiler vectorises it across columns without
 // changing any element's order of operations; this file is compiled with -ffp-contract=off (CMakeLists),
 // so no multiply-add is fused either: every clone below computes the same bits as the scalar code, and
@@ -55,25 +59,24 @@ __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void DeltaRuleStep(double* state, double* r, double* o, const float* q, const float* k, const float* v, double decay,
                    double beta, int64_t dk, int64_t dv) {
-  const int64_t block = dk * dv;
-  for (int64_t e = 0; e < block; ++e) state[e] *= decay;
   for (int64_t j = 0; j < dv; ++j) r[j] = 0.0;
   for (int64_t i = 0; i < dk; ++i) {
     const double ki = k[i];
-    const double* row = state + i * dv;
-    for (int64_t j = 0; j < dv; ++j) r[j] += row[j] * ki;
+    double* row = state + i * dv;
+    for (int64_t j = 0; j < dv; ++j) {
+      row[j] *= decay;
+      r[j] += row[j] * ki;
+    }
   }
   for (int64_t j = 0; j < dv; ++j) r[j] = beta * (v[j] - r[j]);  // r is now the update delta
-  for (int64_t i = 0; i < dk; ++i) {
-    const double ki = k[i];
-    double* row = state + i * dv;
-    for (int64_t j = 0; j < dv; ++j) row[j] += ki * r[j];
-  }
   for (int64_t j = 0; j < dv; ++j) o[j] = 0.0;
   for (int64_t i = 0; i < dk; ++i) {
-    const double qi = q[i];
-    const double* row = state + i * dv;
-    for (int64_t j = 0; j < dv; ++j) o[j] += qi * row[j];
+    const double ki = k[i], qi = q[i];
+    double* row = state + i * dv;
+    for (int64_t j = 0; j < dv; ++j) {
+      row[j] += ki * r[j];
+      o[j] += qi * row[j];
+    }
   }
 }
 
@@ -97,24 +100,41 @@ class Kernel {
     return ToDouble(static_cast<const T*>(p_.past_conv)[(b * C + c) * L + (L + pos)]);
   }
 
-  // Pass 1 for row (b, t): everything before the recurrence.
-  void TokenFeatures(int64_t row) {
-    const int64_t b = row / p_.seq, t = row % p_.seq, C = p_.conv_dim(), K = p_.conv_kernel;
+  // Pass 1 is split per row (b, t) into parts, so that a decode step's one row still spreads over the
+  // threads: part h < Hk is q head h, Hk + h k head h, 2 Hk + h v head h (with the row's gates in v head
+  // 0's part). Every channel's value is computed as a whole-row pass computed it.
+  int64_t FeatureParts() const { return 2 * p_.num_k_heads + p_.num_v_heads; }
+
+  void TokenFeatures(int64_t task) {
+    const int64_t parts = FeatureParts(), row = task / parts, part = task % parts;
+    const int64_t kd = p_.key_dim(), vd = p_.value_dim(), dk = p_.k_head_dim, dv = p_.v_head_dim;
+    const int64_t hk = p_.num_k_heads;
+    thread_local std::vector<double> scratch;  // one head's channels (a part's only allocation, once per thread)
+    if (scratch.size() < static_cast<size_t>(std::max(dk, dv))) scratch.resize(static_cast<size_t>(std::max(dk, dv)));
+    double* conv = scratch.data();
+    if (part < 2 * hk) {  // a q or k head: its channels, then their l2 norm
+      const int64_t h = part % hk, first = (part < hk ? 0 : kd) + h * dk;
+      ConvChannels(row, first, dk, conv);
+      L2Normalize(conv, /*is_q=*/part < hk, &(part < hk ? f_.q : f_.k)[row * kd + h * dk]);
+    } else {
+      const int64_t h = part - 2 * hk;
+      ConvChannels(row, 2 * kd + h * dv, dv, conv);
+      for (int64_t i = 0; i < dv; ++i) f_.v[row * vd + h * dv + i] = static_cast<float>(conv[i]);
+      if (h == 0) Gates(row);
+    }
+  }
+
+  // Causal conv + SiLU of channels first .. first + n - 1 at row (b, t), each rounded to T.
+  void ConvChannels(int64_t row, int64_t first, int64_t n, double* out) const {
+    const int64_t b = row / p_.seq, t = row % p_.seq, K = p_.conv_kernel;
     const T* w = static_cast<const T*>(p_.conv_weight);
     const T* bias = static_cast<const T*>(p_.conv_bias);
-    std::vector<double> conv(static_cast<size_t>(C));
-    for (int64_t c = 0; c < C; ++c) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t c = first + i;
       double acc = bias ? ToDouble(bias[c]) : 0.0;
       for (int64_t j = 0; j < K; ++j) acc += ToDouble(w[c * K + j]) * ConvInput(b, c, t - (K - 1) + j);
-      conv[c] = Rounded<T>(Silu(acc));
+      out[i] = Rounded<T>(Silu(acc));
     }
-    const int64_t kd = p_.key_dim(), vd = p_.value_dim(), dk = p_.k_head_dim;
-    for (int64_t h = 0; h < p_.num_k_heads; ++h) {
-      L2Normalize(&conv[h * dk], /*is_q=*/true, &f_.q[row * kd + h * dk]);
-      L2Normalize(&conv[kd + h * dk], /*is_q=*/false, &f_.k[row * kd + h * dk]);
-    }
-    for (int64_t i = 0; i < vd; ++i) f_.v[row * vd + i] = static_cast<float>(conv[2 * kd + i]);
-    Gates(row);
   }
 
   // LpNormalization(p=2) of one head (x / sqrt(sum x^2 + l2norm_epsilon), a zero vector stays zero),
@@ -233,7 +253,8 @@ class Kernel {
 template <typename T>
 void Run(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* context) {
   Kernel<T> kernel(p);
-  cpu::ForEach<Kernel<T>, &Kernel<T>::TokenFeatures>(kernel, p.batch * p.seq, parallel_for, context);
+  cpu::ForEach<Kernel<T>, &Kernel<T>::TokenFeatures>(kernel, p.batch * p.seq * kernel.FeatureParts(), parallel_for,
+                                                      context);
   // Only once pass 1 has read every past conv state: present_conv may alias it.
   for (int64_t b = 0; b < p.batch; ++b) kernel.ConvStates(b);
   cpu::ForEach<Kernel<T>, &Kernel<T>::Recurrence>(kernel, p.batch * p.num_v_heads, parallel_for, context);
