@@ -1,6 +1,8 @@
 """ort_mtp::MatMul against ONNX Runtime's MatMul (cuBLAS) on the CUDA EP, for the 27B-class Gated DeltaNet's
 a/b projection (A [1, M, 5120] x B [5120, 48], float16, B an initializer as in the graphs):
-M = 1..8 and 16 (decode and verify widths) and 2,048 (a prefill chunk).
+M = 1..8 and 16 (decode and verify widths) and 2,048 (a prefill chunk); and ours_ab, the two-weight
+node the rewrite makes of a layer's a and b projections (A x [B, B2] -> [Y, Y2], two 48-column
+weights in one launch), against twice one projection.
 
     python bench/float_matmul.py [--out DIR] [--reps 11] [--calls 50]
     python bench/float_matmul.py --cpu-dry-run     # small shapes on the CPU EP: tests the script
@@ -33,7 +35,7 @@ import ops.float_matmul as fm  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
 from gpu_timing import time_queued  # noqa: E402
 
-IMPLS = {"ours": "ort_mtp", "ort": ""}
+IMPLS = {"ours": ("ort_mtp", False), "ours_ab": ("ort_mtp", True), "ort": ("", False)}  # (domain, two weights)
 
 
 def shape(dry: bool) -> tuple[int, int, list[int]]:
@@ -46,8 +48,11 @@ def shape(dry: bool) -> tuple[int, int, list[int]]:
 def run_impl(device, impl: str, seed: int, reps: int, calls: int, dry: bool) -> dict:
     xp, gpu = device.xp, device.name == "cuda"
     k, n, rows = shape(dry)
-    weight = (np.random.default_rng(seed).standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
-    model = fm.model(k, n, "float16", domain=IMPLS[impl], weight=weight)
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
+    domain, two = IMPLS[impl]
+    weight2 = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16) if two else None
+    model = fm.model(k, n, "float16", domain=domain, weight=weight, weight2=weight2)
     result = {"cases": {}, "cuda_graph": gpu}
     graph_error = None
     for _attempt in range(2):  # under ORT's CUDA graph; without it if capture is refused
@@ -57,9 +62,12 @@ def run_impl(device, impl: str, seed: int, reps: int, calls: int, dry: bool) -> 
             for graph_id, m in enumerate(rows, start=1):
                 a = xp.asarray(np.random.default_rng(seed + graph_id).standard_normal((1, m, k)).astype(np.float16))
                 y = xp.full((1, m, n), np.nan, dtype=np.float16)
+                y2 = xp.full((1, m, n), np.nan, dtype=np.float16) if two else None
                 binding = session.io_binding()
                 bind(binding, device, "A", a, a.shape)
                 bind(binding, device, "Y", y, y.shape, output=True)
+                if two:
+                    bind(binding, device, "Y2", y2, y2.shape, output=True)
                 options = device.run_options(graph_id if result["cuda_graph"] else None)
                 session.run_with_iobinding(binding, options)
                 device.synchronize()
@@ -75,7 +83,7 @@ def run_impl(device, impl: str, seed: int, reps: int, calls: int, dry: bool) -> 
                 if "busy_kernel_error" in timing:
                     result["busy_kernel_error"] = timing.pop("busy_kernel_error")
                 result["cases"][f"M={m}"] = {"m": m, **timing, "output": out}
-                del binding, a, y
+                del binding, a, y, y2
             del session
             break
         except Exception as e:  # noqa: BLE001
@@ -114,6 +122,8 @@ def main(argv=None) -> int:
     for m in rows:
         name = f"M={m}"
         row = {impl: impls[impl]["cases"][name]["us"] for impl in impls if name in impls[impl]["cases"]}
+        if "ours_ab" in row and "ours" in row:
+            row["ours_ab_over_two_ours"] = row["ours_ab"] / (2 * row["ours"])
         if "ours" in row and "ort" in row:
             ours, ort = impls["ours"]["cases"][name]["output"], impls["ort"]["cases"][name]["output"]
             row["ours_over_ort"] = row["ours"] / row["ort"]
@@ -127,10 +137,12 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "float_matmul.json"
     path.write_text(json.dumps(report, indent=1))
-    print(f"{'rows':8s} {'ours us':>10s} {'ORT us':>10s} {'ours/ORT':>9s}  output diff vs ORT")
+    print(f"{'rows':8s} {'ours us':>10s} {'ORT us':>10s} {'ours/ORT':>9s} {'a+b us':>9s} {'/2 ours':>8s}  output diff vs ORT")
     for name, row in table.items():
         print(f"{name:8s} {row.get('ours', float('nan')):10.2f} {row.get('ort', float('nan')):10.2f} "
-              f"{row.get('ours_over_ort', float('nan')):9.2f}  {row.get('output_max_diff_over_max_ort', float('nan')):.2e}")
+              f"{row.get('ours_over_ort', float('nan')):9.2f} {row.get('ours_ab', float('nan')):9.2f} "
+              f"{row.get('ours_ab_over_two_ours', float('nan')):8.2f}  "
+              f"{row.get('output_max_diff_over_max_ort', float('nan')):.2e}")
     for e in report["errors"]:
         print(f"error in {e['impl']}: {e['error']}")
     print(f"wrote {path}")

@@ -75,7 +75,8 @@ def test_float_matmul_bench_dry_run(tmp_path):
     table = report["table_us"]
     assert {"M=1", "M=2", "M=4", "M=32"} == set(table)
     for name, row in table.items():
-        assert row["ours"] > 0 and row["ort"] > 0, name
+        assert row["ours"] > 0 and row["ort"] > 0 and row["ours_ab"] > 0, name
+        assert row["ours_ab_over_two_ours"] > 0, name
         assert row["output_max_diff_over_max_ort"] < 2e-3, (name, row)
 
 
