@@ -19,6 +19,7 @@ bandwidth; ours M=8 <= 1.3 x M=1; our greedy tok/s >= ORT's path.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -58,6 +59,21 @@ def layers_model(ws, domain: str, accuracy_level: int = 0) -> onnx.ModelProto:
                              opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
 
 
+@contextlib.contextmanager
+def cpu_pack(on: bool):
+    """Sessions created inside get the int8 kernel's grouped copy of the weights (the default) or not
+    (ORT_MTP_CPU_PACK=0, which the kernel reads when a session creates it)."""
+    saved = os.environ.pop("ORT_MTP_CPU_PACK", None)
+    if not on:
+        os.environ["ORT_MTP_CPU_PACK"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("ORT_MTP_CPU_PACK", None)
+        if saved is not None:
+            os.environ["ORT_MTP_CPU_PACK"] = saved
+
+
 def session(model, threads: int) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
@@ -94,11 +110,8 @@ def bench_matmul(args, copy_gbs: float) -> list[dict]:
         sessions = {name: session(layers_model(ws, dom, level), args.threads)
                     for name, dom, level in (("ours", "ort_mtp", 4), ("ort", "com.microsoft", 4),
                                              ("ours_l0", "ort_mtp", 0), ("ort_l0", "com.microsoft", 0))}
-        os.environ["ORT_MTP_CPU_PACK"] = "0"  # read when the session creates its kernels
-        try:
+        with cpu_pack(False):
             sessions["ours_unpacked"] = session(layers_model(ws, "ort_mtp", 4), args.threads)
-        finally:
-            del os.environ["ORT_MTP_CPU_PACK"]
         for M in MS:
             a = rng.standard_normal((M, K)).astype(np.float32)
             row = {"N": N, "K": K, "M": M, "layers": layers, "bytes_per_layer": weight_bytes + 4 * M * (K + N)}
@@ -115,7 +128,7 @@ def bench_matmul(args, copy_gbs: float) -> list[dict]:
     return rows
 
 
-E2E_PATHS = (("ort", False, None), ("ours", True, None), ("ours_unpacked", True, "0"))  # (name, rewrite, ORT_MTP_CPU_PACK)
+E2E_PATHS = (("ort", False, True), ("ours", True, True), ("ours_unpacked", True, False))  # (name, rewrite, grouped copy)
 E2E_MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3))
 
 
@@ -130,18 +143,10 @@ def bench_e2e(folder: str, args) -> dict:
     generators = {}
     paths = [(name, folder, rewrite, pack) for name, rewrite, pack in E2E_PATHS]
     if args.e2e_windowed:  # the same model exported with a state window: ours only (ORT's CPU kernels refuse it)
-        paths.append(("ours_windowed", args.e2e_windowed, True, None))
-    for path, where, rewrite, pack_env in paths:
-        saved = os.environ.get("ORT_MTP_CPU_PACK")
-        if pack_env is not None:
-            os.environ["ORT_MTP_CPU_PACK"] = pack_env
-        try:
+        paths.append(("ours_windowed", args.e2e_windowed, True, True))
+    for path, where, rewrite, pack in paths:
+        with cpu_pack(pack):
             generators[path] = Generator(where, provider="cpu", mode="mtp", rewrite=rewrite, threads=args.threads)
-        finally:
-            if saved is None:
-                os.environ.pop("ORT_MTP_CPU_PACK", None)
-            else:
-                os.environ["ORT_MTP_CPU_PACK"] = saved
     runs: dict[str, list[float]] = {}
     tokens: dict[str, list[int]] = {}
     for rep in range(args.e2e_reps + 1):  # the first pass warms up

@@ -26,18 +26,10 @@ import onnxruntime as ort
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ops  # noqa: E402
 import ops.gated_delta_net as gdn  # noqa: E402
+from cpu import session  # noqa: E402  (bench/cpu.py: a CPU session with the library registered)
 
 WIDTHS = (1, 2, 4, 32)
-
-
-def session(model, threads: int) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.log_severity_level = 3
-    options.register_custom_ops_library(ops.library_path())
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def timed(s: ort.InferenceSession, feeds: dict, reps: int) -> dict:

@@ -92,22 +92,27 @@ ORT_MTP_TARGET __attribute__((always_inline)) inline void Int8Step(const Int8Job
   [[maybe_unused]] typename Q::I zpi[NC];
   [[maybe_unused]] typename V::F zpf[NC];
   // kCpuGroups (matmul_nbits.h; only for N % 4 == 0 and K % 128 == 0, so NC = 4 and no tail chunk): the
-  // group's unit holding this chunk, its columns 64 bytes apart; the same bytes as the row-major rows.
+  // chunk's bytes and scales where CpuGroupsByte / CpuGroupsScale put them; the same bytes as the
+  // row-major rows hold.
+  // The map is evaluated once per chunk, for column n0; column n0 + c is c * 64 bytes (c * 128 / bs
+  // scales) further on in the same unit, so the per-column cost is one constant offset (the integer
+  // index arithmetic of a full map per column competes with the vector work of this inner loop).
   const bool grouped = p.layout == WeightLayout::kCpuGroups;
-  const int64_t unit = grouped ? (n0 / kGroupCols) * (p.K / kGroupK) + ch * CK / kGroupK : 0;
-  const int64_t in_unit = (ch * CK) % kGroupK;
-  if (grouped && in_unit == 0) {  // the 4 cache lines of the unit kGroupPrefetchBytes ahead
-    const char* ahead = reinterpret_cast<const char*>(p.b + unit * kGroupUnitBytes) + kGroupPrefetchBytes;
+  const int64_t k0 = ch * CK;
+  const uint8_t* group_b = grouped ? p.b + CpuGroupsByte(p.K, n0, k0) : nullptr;
+  const int64_t group_scale = grouped ? CpuGroupsScale(p.K, bs, n0, k0 / bs) : 0;
+  if (grouped && k0 % kGroupK == 0) {  // the group's unit kGroupPrefetchBytes ahead, its 4 cache lines
+    const char* ahead = reinterpret_cast<const char*>(group_b) + kGroupPrefetchBytes;
     for (int line = 0; line < kGroupUnitBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
   }
   for (int c = 0; c < NC; ++c) {
     const int64_t n = n0 + c;
     if (grouped) {
       constexpr int kPerUnit = bs <= kGroupK ? kGroupK / bs : 1;
-      const typename Q::I x = Q::LoadBytes(p.b + unit * kGroupUnitBytes + c * (kGroupK / 2) + in_unit / 2);
+      const typename Q::I x = Q::LoadBytes(group_b + c * (kGroupK / 2));
       lo[c] = Q::Lo(x);
       hi[c] = Q::Hi(x);
-      sw[c] = LaneScales<kType, bs>(p.scales, unit * (kGroupCols * kPerUnit) + c * kPerUnit + in_unit / bs);
+      sw[c] = LaneScales<kType, bs>(p.scales, group_scale + c * kPerUnit);
       continue;
     }
     const uint8_t* src = p.b + n * row_bytes + ch * CB;

@@ -32,9 +32,9 @@ enum class ZeroPointKind : int {
 //     weights, made once when the session creates the kernel (MatMulNBitsCpuPack): columns in groups of
 //     4, each group's K in units of 128 k; unit u of group g holds, column by column, the column's 64
 //     bytes of that unit (CpuGroupsByte), and its scales likewise (CpuGroupsScale). The int8 kernel reads
-//     a group's 4 columns as one sequential stream instead of 4 streams a row apart: on a 2-core AMD
-//     EPYC (AVX2) greedy decoding of the `small` preset went from 51.7 to 59.2 tok/s
-//     (bench/results/2026-12-04-cpu-groups).
+//     a group's 4 columns as one sequential stream instead of 4 streams K / 2 bytes apart (and their
+//     scales likewise), which the hardware prefetchers follow better when the weights come from DRAM
+//     (measured: bench/results/2026-12-04-cpu-groups).
 enum class WeightLayout : int { kRowMajor = 0, kTiles = 1, kCpuGroups = 2 };
 
 constexpr int kGroupCols = 4;    // kCpuGroups: columns per group
