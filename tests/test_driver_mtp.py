@@ -157,3 +157,13 @@ def test_mtp_equals_greedy_where_attention_comes_first(builder_attention_first_f
             for key in totals:
                 totals[key] += result.stats.commits[key]
     assert totals["full"] > 0 and totals["replay"] > 0
+
+
+def test_cpu_sessions_stop_their_threads_spinning_when_a_run_returns(generator):
+    """MTP alternates the head's and the main graph's sessions; each has its own thread pool, and
+    threads left spinning after a run would compete with the other session's run for the cores."""
+    from driver.device import FORCE_SPINNING_STOP
+
+    for runner in (generator.main, generator.head):
+        options = runner.session.get_session_options()
+        assert options.get_session_config_entry(FORCE_SPINNING_STOP) == "1"
