@@ -1,221 +1,177 @@
 // The int8-activation CPU MatMulNBits kernel (accuracy_level 4, 4-bit weights), written once over the
-// traits `V` (float vectors: Hsum, Fma, ...) and `Q` (the integer dot product) and included by
-// matmul_nbits_cpu.cc once per instruction set, after cpu_gemv_body.h (it uses LoadScalar, StoreY),
+// traits `V` (float vectors: Fma, Mul, ...) and `Q` (the integer dot product and broadcasts) and
+// included by matmul_nbits_cpu.cc once per instruction set, after cpu_gemv_body.h (it uses StoreY),
 // inside that set's namespace with ORT_MTP_TARGET defined. No include guard on purpose.
 //
-// The arithmetic (matmul_nbits_cpu.cc's Int8 comment states it in full; the scalar kernel there is
-// the same thing written without vectors): W = Q::kLanes int32 lanes, chunks of CK = 8 W elements of
-// k; lane i of chunk c covers k = c CK + 8 i .. + 7, which lie in one block (block_size >= 16).
-// Per output (m, n) and lane: for each chunk, ascending,
-//   p   = sum over the lane's 8 k of qa[m, k] * q[n, k]                 (int32, exact)
-//   d   = p - zp * qsum                                                  (int32, exact; qsum = the lane's sum of qa)
-//         (typed zero points: d = fma(zp, -float(qsum), float(p)) in float)
-//   acc = fma(float(d), scale_w[n, b] * scale_a[m, b], acc)              (b = the lane's block; the product rounded once)
-// y = V::Hsum(acc) (a fixed tree) + bias, rounded once to Y's type. Nothing depends on M, the row
-// tile, the column group or the thread: row i of an M-row call is bit-identical to the M=1 call.
+// The arithmetic is matmul_nbits_cpu.cc's "Int8" definition; the kernel computes it 16 lanes at a
+// time, lane L = 4 col + s of a unit (matmul_nbits.h: column col of a group of 4, segment s of a
+// chunk): V::kLanes = 16 covers a unit in one vector (AVX-512), 8 in two halves (AVX2). Per lane and
+// chunk: the segment's integer dot product in int32 (exact), one conversion, one product of the two
+// scales and one fma into the lane's float accumulator. So the float work per row is one vector of
+// three operations per 4 columns x 4 segments, and the integer work is the dot products themselves.
 //
-// Layout of the quantised A (Int8Job, written by QuantizeA): per row and chunk, CK int8: first the
-// CK / 2 values of even k (k = 0, 2, ..), then the odd ones, so that the low and high nibbles of the
-// chunk's CK / 2 weight bytes (byte j = k 2 j low, 2 j + 1 high) meet their activations without any
-// shuffle: dot(lo nibbles, even half) + dot(hi nibbles, odd half), 4 bytes per int32 lane.
+// Quantised A (Int8Job::qa, written by Int8Quantize): per row and chunk, for v = 0 .. kSegK / 8 - 1,
+// 16 bytes of even k then 16 bytes of odd k, each 4 bytes per segment s: qa[start + s kSegK + 8 v +
+// parity + 0, 2, 4, 6]. Broadcast to every 128-bit lane (one per column), they meet the low and high
+// nibbles of a unit's vector v byte for byte.
 
-// kCpuGroups: how far ahead of a group's unit the kernel asks for the group's next bytes (2 units).
-constexpr int kGroupPrefetchBytes = 2 * kGroupUnitBytes;
+// How far ahead of a group's unit the kernel asks for the group's next bytes (2 units).
+template <int kSeg>
+constexpr int kPrefetchUnits = 2 * kGroupCols * kSegments * kSeg / 2;
 
-// Scales of the blocks of chunk `ch` of column n, one per lane (BPC = blocks per chunk >= 1 ...).
-template <int kType, int bs>
-ORT_MTP_TARGET inline typename V::F LaneScales(const void* base, int64_t first_block) {
-  constexpr int W = V::kLanes;
-  constexpr int CK = 8 * W;
-  if constexpr (bs >= CK) {
-    return V::Set1(LoadScalar<kType>(base, first_block));
+// The 16 (or 8, from lane `first`) scales or typed zero points of a unit, as float32.
+template <int kType>
+ORT_MTP_TARGET inline typename V::F LoadLanes(const void* base, int first) {
+  if constexpr (kType == 0) {
+    return V::Loadu(static_cast<const float*>(base) + first);
   } else {
-    constexpr int BPC = CK / bs;  // blocks per chunk: 2 .. 8
-    constexpr int LPB = bs / 8;   // lanes per block
-    if constexpr (kType == 0) {
-      return Q::template Expand<BPC, LPB>(static_cast<const float*>(base) + first_block);
-    } else {
-      alignas(64) float s[W] = {};
-      for (int i = 0; i < BPC; ++i) s[i] = LoadScalar<kType>(base, first_block + i);
-      return Q::template Expand<BPC, LPB>(s);
-    }
+    return V::template LoadHalfFloats<kType>(static_cast<const uint16_t*>(base) + first);
   }
 }
 
-// The same for the last (partial) chunk: lanes past the last block get 0.
-template <int kType, int bs>
-ORT_MTP_TARGET inline typename V::F LaneScalesTail(const void* base, int64_t row0, int64_t ch, int64_t k_blocks) {
-  constexpr int W = V::kLanes;
-  alignas(64) float s[W];
-  for (int i = 0; i < W; ++i) {
-    const int64_t blk = (ch * 8 * W + 8 * i) / bs;
-    s[i] = blk < k_blocks ? LoadScalar<kType>(base, row0 + blk) : 0.f;
-  }
-  return V::Loadu(s);
-}
+// Where a unit's bytes, scales and zero points are: in the grouped copy, or in `local`, the group's
+// units gathered from the row-major weights (GatherUnit: the same bytes in the same places).
+struct UnitPtrs {
+  const uint8_t* b;
+  const void* scales;
+  const void* zp;
+};
 
-// Zero point of each lane's block (packed uint8: integer; typed: float); lanes past the last block: 0.
-template <int bs>
-ORT_MTP_TARGET inline typename Q::I LaneZpPacked(const MatMulNBitsProblem& p, int64_t n, int64_t ch) {
-  constexpr int W = V::kLanes;
-  alignas(64) int32_t z[W];
-  const uint8_t* zrow = static_cast<const uint8_t*>(p.zero_points) + n * p.zp_row_bytes;
-  for (int i = 0; i < W; ++i) {
-    const int64_t blk = (ch * 8 * W + 8 * i) / bs;
-    z[i] = blk < p.k_blocks ? ((blk & 1) ? (zrow[blk >> 1] >> 4) : (zrow[blk >> 1] & 0x0F)) : 0;
-  }
-  return Q::LoadI(z);
-}
+struct GroupUnits {  // a group's units in the kCpuGroups layout, or none (read the grouped copy)
+  const uint8_t* b = nullptr;
+  const uint8_t* scales = nullptr;
+  const uint8_t* zp = nullptr;
+};
 
-template <int kType, int bs>
-ORT_MTP_TARGET inline typename V::F LaneZpTyped(const MatMulNBitsProblem& p, int64_t n, int64_t ch) {
-  constexpr int W = V::kLanes;
-  alignas(64) float z[W];
-  for (int i = 0; i < W; ++i) {
-    const int64_t blk = (ch * 8 * W + 8 * i) / bs;
-    z[i] = blk < p.k_blocks ? LoadScalar<kType>(p.zero_points, n * p.k_blocks + blk) : 0.f;
-  }
-  return V::Loadu(z);
-}
-
-// One chunk for R rows x NC columns. kTail: the chunk runs past the end of a weight row.
-template <int NC, int R, int kZp, int kType, int bs, bool kTail>
-ORT_MTP_TARGET __attribute__((always_inline)) inline void Int8Step(const Int8Job& j, int64_t n0, int64_t m0,
-                                                                    int64_t ch, typename V::F (&acc)[R][NC]) {
-  constexpr int W = V::kLanes;
-  constexpr int CK = 8 * W;
-  constexpr int CB = CK / 2;  // weight bytes per chunk and column
+template <int kSeg>
+ORT_MTP_TARGET inline UnitPtrs FindUnit(const Int8Job& j, int64_t g, int64_t c, const GroupUnits& local) {
   const MatMulNBitsProblem& p = *j.p;
-  const int64_t row_bytes = p.k_blocks * (bs / 2);
-  typename Q::I lo[NC], hi[NC];
-  typename V::F sw[NC];
-  [[maybe_unused]] typename Q::I zpi[NC];
-  [[maybe_unused]] typename V::F zpf[NC];
-  // kCpuGroups (matmul_nbits.h; only for N % 4 == 0 and K % 128 == 0, so NC = 4 and no tail chunk): the
-  // chunk's bytes and scales where CpuGroupsByte / CpuGroupsScale put them; the same bytes as the
-  // row-major rows hold.
-  // The map is evaluated once per chunk, for column n0; column n0 + c is c * 64 bytes (c * 128 / bs
-  // scales) further on in the same unit, so the per-column cost is one constant offset (the integer
-  // index arithmetic of a full map per column competes with the vector work of this inner loop).
-  const bool grouped = p.layout == WeightLayout::kCpuGroups;
-  const int64_t k0 = ch * CK;
-  const uint8_t* group_b = grouped ? p.b + CpuGroupsByte(p.K, n0, k0) : nullptr;
-  const int64_t group_scale = grouped ? CpuGroupsScale(p.K, bs, n0, k0 / bs) : 0;
-  if (grouped && k0 % kGroupK == 0) {  // the group's unit kGroupPrefetchBytes ahead, its 4 cache lines
-    const char* ahead = reinterpret_cast<const char*>(group_b) + kGroupPrefetchBytes;
-    for (int line = 0; line < kGroupUnitBytes; line += 64) _mm_prefetch(ahead + line, _MM_HINT_T0);
+  constexpr int kBytes = kGroupCols * kSegments * kSeg / 2;
+  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
+  const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
+  if (local.b) {
+    return {local.b + c * kBytes, local.scales + c * kUnitLanes * elem, local.zp + c * kUnitLanes * zp_elem};
   }
-  for (int c = 0; c < NC; ++c) {
-    const int64_t n = n0 + c;
-    if (grouped) {
-      constexpr int kPerUnit = bs <= kGroupK ? kGroupK / bs : 1;
-      const typename Q::I x = Q::LoadBytes(group_b + c * (kGroupK / 2));
-      lo[c] = Q::Lo(x);
-      hi[c] = Q::Hi(x);
-      sw[c] = LaneScales<kType, bs>(p.scales, group_scale + c * kPerUnit);
-      continue;
-    }
-    const uint8_t* src = p.b + n * row_bytes + ch * CB;
-    typename Q::I x;
-    if constexpr (kTail) {
-      alignas(64) uint8_t tmp[CB] = {};
-      std::memcpy(tmp, src, static_cast<size_t>(row_bytes - ch * CB));
-      x = Q::LoadBytes(tmp);
-      sw[c] = LaneScalesTail<kType, bs>(p.scales, n * p.k_blocks, ch, p.k_blocks);
-    } else {
-      _mm_prefetch(reinterpret_cast<const char*>(src) + kPrefetchBytes, _MM_HINT_T0);
-      x = Q::LoadBytes(src);
-      sw[c] = LaneScales<kType, bs>(p.scales, n * p.k_blocks + ch * CK / bs);
-    }
-    lo[c] = Q::Lo(x);
-    hi[c] = Q::Hi(x);
-    if constexpr (kZp == 1) zpi[c] = LaneZpPacked<bs>(p, n, ch);
-    if constexpr (kZp == 2) zpf[c] = LaneZpTyped<kType, bs>(p, n, ch);
-  }
-  for (int r = 0; r < R; ++r) {
-    const int64_t at = (m0 + r) * j.chunks + ch;
-    const int8_t* qa = j.qa + at * CK;
-    const typename Q::I qe = Q::LoadBytes(qa), qo = Q::LoadBytes(qa + CB);
-    const typename Q::I ls = Q::LoadI(j.lane_sum + at * W);
-    const typename V::F sa = V::Loadu(j.lane_scale + at * W);
-    for (int c = 0; c < NC; ++c) {
-      typename Q::I init;
-      if constexpr (kZp == 0) {
-        init = ls;  // -8 qsum
-      } else if constexpr (kZp == 1) {
-        init = Q::MulLo(zpi[c], ls);  // -zp qsum
-      } else {
-        init = Q::Zero();
-      }
-      typename V::F f = Q::Cvt(Q::Dot(init, lo[c], qe, hi[c], qo));
-      if constexpr (kZp == 2) f = V::Fma(zpf[c], Q::Cvt(ls), f);  // p - zp qsum, one rounding
-      acc[r][c] = V::Fma(f, V::Mul(sw[c], sa), acc[r][c]);
-    }
-  }
+  const int64_t unit = g * j.chunks + c;
+  const uint8_t* b = p.b + unit * kBytes;
+  for (int line = 0; line < kBytes; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(b) + kPrefetchUnits<kSeg> + line, _MM_HINT_T0);
+  return {b, static_cast<const uint8_t*>(p.scales) + unit * kUnitLanes * elem,
+          p.zero_points ? static_cast<const uint8_t*>(p.zero_points) + unit * kUnitLanes * zp_elem : nullptr};
 }
 
-template <int NC, int R, int kZp, int kType, int bs>
-ORT_MTP_TARGET void Int8Tile(const Int8Job& j, int64_t n0, int64_t m0) {
+// Rows m0 .. m0 + R - 1 of the 4 columns of group g (kZp: 0 none, 1 packed uint8, 2 typed).
+template <int R, int kZp, int kType, int kSeg>
+ORT_MTP_TARGET void Int8Tile(const Int8Job& j, int64_t g, int64_t m0, const GroupUnits& local) {
+  constexpr int NH = kUnitLanes / V::kLanes;  // vectors per unit row of lanes: 1 (AVX-512) or 2 (AVX2)
+  constexpr int NV = kSeg / 8;                // 64-byte weight vectors per unit
+  constexpr int CK = kSegments * kSeg;
   const MatMulNBitsProblem& p = *j.p;
-  typename V::F acc[R][NC];
+  typename V::F acc[R][NH];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < NC; ++c) acc[r][c] = V::Set1(0.f);
-  for (int64_t ch = 0; ch < j.full_chunks; ++ch) Int8Step<NC, R, kZp, kType, bs, false>(j, n0, m0, ch, acc);
-  if (j.chunks > j.full_chunks) Int8Step<NC, R, kZp, kType, bs, true>(j, n0, m0, j.full_chunks, acc);
+    for (int h = 0; h < NH; ++h) acc[r][h] = V::Set1(0.f);
+  for (int64_t c = 0; c < j.chunks; ++c) {
+    const UnitPtrs u = FindUnit<kSeg>(j, g, c, local);
+    for (int h = 0; h < NH; ++h) {
+      typename Q::I lo[NV], hi[NV];
+      for (int v = 0; v < NV; ++v) {
+        const typename Q::I x = Q::LoadBytes(u.b + 64 * v + h * (64 / NH));
+        lo[v] = Q::Lo(x);
+        hi[v] = Q::Hi(x);
+      }
+      const typename V::F sw = LoadLanes<kType>(u.scales, h * V::kLanes);
+      [[maybe_unused]] typename Q::I zpi;
+      [[maybe_unused]] typename V::F zpf;
+      if constexpr (kZp == 1) zpi = Q::LoadU8Lanes(static_cast<const uint8_t*>(u.zp) + h * V::kLanes);
+      if constexpr (kZp == 2) zpf = LoadLanes<kType>(u.zp, h * V::kLanes);
+      for (int r = 0; r < R; ++r) {
+        const int64_t at = (m0 + r) * j.chunks + c;
+        const int8_t* qa = j.qa + at * CK;
+        const typename Q::I ls = Q::Bcast4(j.lane_sum + at * kSegments);  // -zp0 qsum per segment
+        typename Q::I d;
+        if constexpr (kZp == 0) {
+          d = ls;  // -8 qsum
+        } else if constexpr (kZp == 1) {
+          d = Q::MulLo(zpi, ls);  // -zp qsum
+        } else {
+          d = Q::Zero();
+        }
+        for (int v = 0; v < NV; ++v) d = Q::Dot(d, lo[v], Q::Bcast16(qa + 32 * v), hi[v], Q::Bcast16(qa + 32 * v + 16));
+        typename V::F f = Q::Cvt(d);
+        if constexpr (kZp == 2) f = V::Fma(zpf, Q::Cvt(ls), f);  // p - zp qsum, one rounding
+        const typename V::F sa = V::Bcast4(j.lane_scale + at * kSegments);
+        acc[r][h] = V::Fma(f, V::Mul(sw, sa), acc[r][h]);
+      }
+    }
+  }
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < NC; ++c) {
-      const int64_t n = n0 + c;
-      float v = V::Hsum(acc[r][c]);
-      if (p.bias) v += LoadScalar<kType>(p.bias, n);
-      StoreY<kType>(p.y, (m0 + r) * p.N + n, v);
+    alignas(64) float lanes[kUnitLanes];
+    for (int h = 0; h < NH; ++h) V::Storeu(lanes + h * V::kLanes, acc[r][h]);
+    for (int col = 0; col < kGroupCols; ++col) {
+      const int64_t n = g * kGroupCols + col;
+      if (n >= p.N) break;
+      const float* l = lanes + kSegments * col;
+      float y = (l[0] + l[1]) + (l[2] + l[3]);
+      if (p.bias) y += LoadScalar<kType>(p.bias, n);
+      StoreY<kType>(p.y, (m0 + r) * p.N + n, y);
     }
   }
 }
 
-// Columns n0 .. n0 + NC - 1, all M rows, in tiles of Q::kRows rows. A column group's weights (NC x K/2
-// bytes) stay in L1 between row tiles, so B is read from memory once per call.
-template <int NC, int kZp, int kType, int bs>
-ORT_MTP_TARGET void Int8ColumnGroup(const Int8Job& j, int64_t n0) {
+// All M rows of group g, in tiles of Q::kRows rows (then one tile of the rest). A group's units stay
+// in L1 between row tiles, so B is read from memory once per call. Row-major weights (no grouped copy:
+// ORT_MTP_CPU_PACK=0, or weights that are not constant) are first gathered into the group's units,
+// all of them before any is read (a load right after the small stores that wrote it would wait).
+template <int kZp, int kType, int kSeg>
+ORT_MTP_TARGET void Int8Group(const Int8Job& j, int64_t g) {
   constexpr int R = Q::kRows;
-  const int64_t M = j.p->M;
+  const MatMulNBitsProblem& p = *j.p;
+  GroupUnits local;
+  if (p.layout != WeightLayout::kCpuGroups) {
+    static thread_local std::vector<uint8_t> buffer;
+    constexpr size_t kBytes = kGroupCols * kSegments * kSeg / 2;
+    const size_t scale_bytes = kUnitLanes * 4, chunks = static_cast<size_t>(j.chunks);
+    if (buffer.size() < chunks * (kBytes + 2 * scale_bytes)) buffer.resize(chunks * (kBytes + 2 * scale_bytes));
+    uint8_t* b = buffer.data();
+    uint8_t* scales = b + chunks * kBytes;
+    uint8_t* zp = scales + chunks * scale_bytes;
+    const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
+    const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
+    for (int64_t c = 0; c < j.chunks; ++c)
+      GatherUnit(p, g, c, b + c * kBytes, scales + c * kUnitLanes * elem, zp + c * kUnitLanes * zp_elem);
+    local = {b, scales, zp};
+  }
+  const int64_t M = p.M;
   int64_t m = 0;
-  for (; m + R <= M; m += R) Int8Tile<NC, R, kZp, kType, bs>(j, n0, m);
-  if constexpr (R > 2) {
-    if (M - m >= 2) {
-      Int8Tile<NC, 2, kZp, kType, bs>(j, n0, m);
-      m += 2;
-    }
-  }
-  if (m < M) Int8Tile<NC, 1, kZp, kType, bs>(j, n0, m);
-}
-
-template <int kZp, int kType, int kBs>
-ORT_MTP_TARGET void Int8ColumnRange(const Int8Job& j, int64_t g_begin, int64_t g_end) {
-  constexpr int NC = 4;
-  for (int64_t g = g_begin; g < g_end; ++g) {
-    const int64_t n0 = g * NC;
-    if (n0 + NC <= j.p->N) {
-      Int8ColumnGroup<NC, kZp, kType, kBs>(j, n0);
-    } else {
-      for (int64_t n = n0; n < j.p->N; ++n) Int8ColumnGroup<1, kZp, kType, kBs>(j, n);
-    }
+  for (; m + R <= M; m += R) Int8Tile<R, kZp, kType, kSeg>(j, g, m, local);
+  switch (M - m) {
+    case 1: Int8Tile<1, kZp, kType, kSeg>(j, g, m, local); break;
+    case 2: if constexpr (R > 2) Int8Tile<2, kZp, kType, kSeg>(j, g, m, local); break;
+    case 3: if constexpr (R > 3) Int8Tile<3, kZp, kType, kSeg>(j, g, m, local); break;
+    default: break;
   }
 }
 
-// A (widened to float32, [M, kp], zeros past K) -> the quantised rows of Int8Job (see
-// matmul_nbits_cpu.cc's QuantizeRowPortable: the same values, vectorised).
+template <int kZp, int kType, int kSeg>
+ORT_MTP_TARGET void Int8GroupRange(const Int8Job& j, int64_t g_begin, int64_t g_end) {
+  for (int64_t g = g_begin; g < g_end; ++g) Int8Group<kZp, kType, kSeg>(j, g);
+}
+
+// A (widened to float32, [M, kp], zeros past K) -> the quantised rows of Int8Job (the definition's
+// step 1; QuantizeRowPortable in matmul_nbits_cpu.cc is the same thing without vectors).
 ORT_MTP_TARGET void Int8Quantize(const float* a, int64_t M, int64_t kp, int bs, int64_t chunks, int zp0,
                                  int8_t* qa, int32_t* lane_sum, float* lane_scale, int8_t* tmp) {
-  constexpr int W = V::kLanes;
-  constexpr int CK = 8 * W;
-  const int64_t kq = chunks * CK;
+  const int seg = kSegK(bs), ck = kSegments * seg;
+  const int64_t kq = chunks * ck;
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   const __m256 lim = _mm256_set1_ps(127.f), nlim = _mm256_set1_ps(-127.f);
+  // bytes 0, 2, .., 14 then 1, 3, .., 15
   const __m128i deint = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  const __m128i bias = _mm_set1_epi8(static_cast<char>(0x80));
   for (int64_t m = 0; m < M; ++m) {
     const float* row = a + m * kp;
-    float* lsc = lane_scale + m * chunks * W;
-    int32_t* lsm = lane_sum + m * chunks * W;
+    float* lsc = lane_scale + m * chunks * kSegments;
+    int32_t* lsm = lane_sum + m * chunks * kSegments;
     int8_t* q = qa + m * kq;
     for (int64_t k0 = 0; k0 < kp; k0 += bs) {
       __m256 mx = _mm256_setzero_ps();
@@ -237,44 +193,63 @@ ORT_MTP_TARGET void Int8Quantize(const float* a, int64_t M, int64_t kp, int bs, 
           _mm_storel_epi64(reinterpret_cast<__m128i*>(tmp + k0 + e), _mm_packs_epi16(w16, w16));
         }
       }
-      for (int64_t k = k0; k < k0 + bs; k += 8) lsc[k / 8] = s;  // lanes of this block
+      for (int64_t k = k0; k < k0 + bs; k += seg) lsc[k / seg] = s;  // segments of this block
     }
     if (kq > kp) std::memset(tmp + kp, 0, static_cast<size_t>(kq - kp));
-    for (int64_t i = kp / 8; i < kq / 8; ++i) lsc[i] = 0.f;
+    for (int64_t i = kp / seg; i < kq / seg; ++i) lsc[i] = 0.f;
+    for (int64_t i = 0; i < kq / seg; ++i) {  // segment sums: sum of (qa + 128) by SAD, less 128 per value
+      const __m128i* t = reinterpret_cast<const __m128i*>(tmp + i * seg);
+      __m128i sad = _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128(t), bias), _mm_setzero_si128());
+      if (seg == 32) sad = _mm_add_epi64(sad, _mm_sad_epu8(_mm_xor_si128(_mm_loadu_si128(t + 1), bias), _mm_setzero_si128()));
+      const int sum = _mm_cvtsi128_si32(_mm_add_epi64(sad, _mm_unpackhi_epi64(sad, sad))) - 128 * seg;
+      lsm[i] = -zp0 * sum;
+    }
     for (int64_t ch = 0; ch < chunks; ++ch) {
-      const int8_t* t = tmp + ch * CK;
-      int8_t* d = q + ch * CK;
-      for (int e = 0; e < CK; e += 16) {
-        const __m128i v = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + e)), deint);
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(d + e / 2), v);
-        _mm_storel_epi64(reinterpret_cast<__m128i*>(d + CK / 2 + e / 2), _mm_unpackhi_epi64(v, v));
-      }
-      for (int i = 0; i < W; ++i) {
-        int sum = 0;
-        for (int e = 0; e < 8; ++e) sum += t[8 * i + e];
-        lsm[ch * W + i] = -zp0 * sum;
+      const int8_t* t = tmp + ch * ck;
+      int8_t* d = q + ch * ck;
+      if (seg == 32) {
+        // per segment s: E_s = its even bytes (dword v: k 8 v + 0, 2, 4, 6), O_s its odd ones; slice
+        // (v, parity) = dword v of E_0 .. E_3 (or O): a 4 x 4 transpose of dwords.
+        __m128i e[4], o[4];
+        for (int s = 0; s < 4; ++s) {
+          const __m128i t0 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 * s)), deint);
+          const __m128i t1 = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(t + 32 * s + 16)), deint);
+          e[s] = _mm_unpacklo_epi64(t0, t1);
+          o[s] = _mm_unpackhi_epi64(t0, t1);
+        }
+        for (int parity = 0; parity < 2; ++parity) {
+          const __m128i* x = parity ? o : e;
+          const __m128i a01l = _mm_unpacklo_epi32(x[0], x[1]), a01h = _mm_unpackhi_epi32(x[0], x[1]);
+          const __m128i a23l = _mm_unpacklo_epi32(x[2], x[3]), a23h = _mm_unpackhi_epi32(x[2], x[3]);
+          const __m128i v0 = _mm_unpacklo_epi64(a01l, a23l), v1 = _mm_unpackhi_epi64(a01l, a23l);
+          const __m128i v2 = _mm_unpacklo_epi64(a01h, a23h), v3 = _mm_unpackhi_epi64(a01h, a23h);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 0 + 16 * parity), v0);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 32 + 16 * parity), v1);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 64 + 16 * parity), v2);
+          _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 96 + 16 * parity), v3);
+        }
+      } else {
+        ArrangeChunk(t, seg, d);
       }
     }
   }
 }
 
 template <int kZp, int kType>
-inline void Int8RangeByBlock(const Int8Job& j, int64_t b, int64_t e) {
-  switch (j.p->block_size) {
-    case 16: Int8ColumnRange<kZp, kType, 16>(j, b, e); break;
-    case 32: Int8ColumnRange<kZp, kType, 32>(j, b, e); break;
-    case 64: Int8ColumnRange<kZp, kType, 64>(j, b, e); break;
-    case 128: Int8ColumnRange<kZp, kType, 128>(j, b, e); break;
-    default: Int8ColumnRange<kZp, kType, 256>(j, b, e); break;
+inline void Int8RangeBySeg(const Int8Job& j, int64_t b, int64_t e) {
+  if (kSegK(j.p->block_size) == 32) {
+    Int8GroupRange<kZp, kType, 32>(j, b, e);
+  } else {
+    Int8GroupRange<kZp, kType, 16>(j, b, e);
   }
 }
 
 template <int kZp>
 inline void Int8RangeByType(const Int8Job& j, int64_t b, int64_t e) {
   switch (j.p->type) {
-    case ElemType::kFloat32: Int8RangeByBlock<kZp, 0>(j, b, e); break;
-    case ElemType::kFloat16: Int8RangeByBlock<kZp, 1>(j, b, e); break;
-    case ElemType::kBFloat16: Int8RangeByBlock<kZp, 2>(j, b, e); break;
+    case ElemType::kFloat32: Int8RangeBySeg<kZp, 0>(j, b, e); break;
+    case ElemType::kFloat16: Int8RangeBySeg<kZp, 1>(j, b, e); break;
+    case ElemType::kBFloat16: Int8RangeBySeg<kZp, 2>(j, b, e); break;
   }
 }
 

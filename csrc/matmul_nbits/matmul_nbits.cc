@@ -190,27 +190,24 @@ struct MatMulNBitsKernel {
     // The CUDA kernel may prefetch constant weights before the previous kernel has finished.
     const bool has_zp_input = n_inputs > kZeroPoints && !info.GetInputName(kZeroPoints).empty();
     weights_constant_ = w.b.present && w.scales.present && (!has_zp_input || w.zp.present);
-    if (!cuda_ && weights_constant_ && !has_zp_input) PackForCpu(info, weights);
+    if (!cuda_ && weights_constant_) PackForCpu(info, weights, has_zp_input);
   }
 
-  // The CPU int8 kernel's own copy of constant weights in the kCpuGroups layout (matmul_nbits.h), where
-  // it runs faster from it. It costs one more copy of B and scales in memory for the session's life
-  // (ORT keeps the initializers); ORT_MTP_CPU_PACK=0 turns it off. Same results: the layout only
-  // changes where the kernel finds each byte.
-  void PackForCpu(Ort::ConstKernelInfo& info, MatMulNBitsProblem& p) {
+  // The CPU int8 kernel's own copy of constant weights in the kCpuGroups layout (matmul_nbits.h): the
+  // order its vector loads read them in. It costs one more copy of B, scales and zero points in memory
+  // for the session's life (ORT keeps the initializers); ORT_MTP_CPU_PACK=0 turns it off and the kernel
+  // then gathers each unit from the row-major weights as it goes (the same bits, slower).
+  void PackForCpu(Ort::ConstKernelInfo& info, MatMulNBitsProblem& p, bool has_zp) {
     p.accuracy_level = static_cast<int>(attrs_.accuracy_level);
     if (!MatMulNBitsCpuPackable(p)) return;
     int is_constant = 0;
-    const Ort::ConstValue b = info.GetTensorConstantInput(kB, &is_constant);
-    const Ort::ConstValue scales = info.GetTensorConstantInput(kScales, &is_constant);
-    p.b = static_cast<const uint8_t*>(b.GetTensorRawData());
-    p.scales = scales.GetTensorRawData();
-    packed_b_.resize(static_cast<size_t>(p.N * p.K / 2));
-    packed_scales_.resize(static_cast<size_t>(p.N * p.k_blocks) * (type_ == ElemType::kFloat32 ? 4 : 2));
-    MatMulNBitsCpuPack(p, packed_b_.data(), packed_scales_.data());
-    const std::string message = where_ + ": the CPU int8 kernel reads its own grouped copy of B and scales (" +
-                                std::to_string((packed_b_.size() + packed_scales_.size()) >> 10) +
-                                " KiB; ORT_MTP_CPU_PACK=0 turns it off)";
+    p.b = static_cast<const uint8_t*>(info.GetTensorConstantInput(kB, &is_constant).GetTensorRawData());
+    p.scales = info.GetTensorConstantInput(kScales, &is_constant).GetTensorRawData();
+    if (has_zp) p.zero_points = info.GetTensorConstantInput(kZeroPoints, &is_constant).GetTensorRawData();
+    MatMulNBitsCpuPack(p, grouped_);
+    const size_t bytes = grouped_.b.size() + grouped_.scales.size() + grouped_.zero_points.size();
+    const std::string message = where_ + ": the CPU int8 kernel reads its own grouped copy of the weights (" +
+                                std::to_string(bytes >> 10) + " KiB; ORT_MTP_CPU_PACK=0 turns it off)";
     ORT_CXX_LOG_NOEXCEPT(info.GetLogger(), ORT_LOGGING_LEVEL_INFO, message.c_str());
   }
 
@@ -254,9 +251,10 @@ struct MatMulNBitsKernel {
     p.zero_points = zp ? zp.GetTensorRawData() : nullptr;
     p.bias = bias ? bias.GetTensorRawData() : nullptr;
     p.y = y.GetTensorMutableRawData();
-    if (!packed_b_.empty()) {  // the kernel's own copy of the (constant) weights: PackForCpu
-      p.b = packed_b_.data();
-      p.scales = packed_scales_.data();
+    if (!grouped_.b.empty()) {  // the kernel's own copy of the (constant) weights: PackForCpu
+      p.b = grouped_.b.data();
+      p.scales = grouped_.scales.data();
+      if (p.zero_points) p.zero_points = grouped_.zero_points.data();
       p.layout = WeightLayout::kCpuGroups;
     }
 
@@ -279,7 +277,7 @@ struct MatMulNBitsKernel {
   ElemType type_;
   bool cuda_;
   bool weights_constant_ = false;  // B, scales and zero_points (if any) are initializers
-  std::vector<uint8_t> packed_b_, packed_scales_;  // PackForCpu's copy, or empty
+  CpuGroupedWeights grouped_;  // PackForCpu's copy, or empty
 };
 
 template <ElemType kType, bool kCuda>

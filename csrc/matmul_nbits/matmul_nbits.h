@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace ort_mtp {
 
@@ -28,31 +29,27 @@ enum class ZeroPointKind : int {
 //     order k 0, 2, 4, 6, 1, 3, 5, 7: a warp lane's mma fragments are one 16-byte read, and the int4 ->
 //     fp16 conversion hands out pairs of adjacent k, as the activations come. Scales: row r's at
 //     r * (256 / block_size) within the tile-chunk's.
-//   kCpuGroups (2): never an attribute value. The CPU kernel's own copy of a node's constant 4-bit
-//     weights, made once when the session creates the kernel (MatMulNBitsCpuPack): columns in groups of
-//     4, each group's K in units of 128 k; unit u of group g holds, column by column, the column's 64
-//     bytes of that unit (CpuGroupsByte), and its scales likewise (CpuGroupsScale). The int8 kernel reads
-//     a group's 4 columns as one sequential stream instead of 4 streams K / 2 bytes apart (and their
-//     scales likewise), which the hardware prefetchers follow better when the weights come from DRAM
-//     (measured: bench/results/2026-12-04-cpu-groups).
+//   kCpuGroups (2): never an attribute value. The CPU int8 kernel's own copy of a node's constant
+//     weights, made once when the session creates the kernel (MatMulNBitsCpuPack), in the order the
+//     kernel reads them: the units of Int8Unit below, group by group (columns 4 g .. 4 g + 3), chunk
+//     by chunk, so that a group's weights are one sequential stream and every vector the kernel loads
+//     is one aligned read with no shuffle. B holds the units' bytes, scales their 16 scales, and
+//     zero_points (where the node has them) their 16 zero points (uint8, or A's type if typed).
 enum class WeightLayout : int { kRowMajor = 0, kTiles = 1, kCpuGroups = 2 };
 
-constexpr int kGroupCols = 4;    // kCpuGroups: columns per group
-constexpr int kGroupK = 128;     // k per unit
-constexpr int kGroupUnitBytes = kGroupCols * kGroupK / 2;  // one unit of a group: 256 bytes
-
-// kCpuGroups: the byte of B holding the pair (n, k & ~1) (low nibble: even k, as in the row-major
-// layout), and the index of scale (n, block) (block_size <= 128, K % 128 == 0).
-inline int64_t CpuGroupsByte(int64_t K, int64_t n, int64_t k) {
-  return ((n / kGroupCols) * (K / kGroupK) + k / kGroupK) * kGroupUnitBytes + (n % kGroupCols) * (kGroupK / 2) +
-         (k % kGroupK) / 2;
-}
-inline int64_t CpuGroupsScale(int64_t K, int block_size, int64_t n, int64_t block) {
-  const int per_unit = kGroupK / block_size;
-  const int64_t k = block * block_size;
-  return ((n / kGroupCols) * (K / kGroupK) + k / kGroupK) * (kGroupCols * per_unit) + (n % kGroupCols) * per_unit +
-         (k % kGroupK) / block_size;
-}
+// The CPU int8 kernel (accuracy_level 4, 4 bits) cuts k into segments of kSegK(block_size) = 32 k (16
+// for block_size 16), so a segment lies in one block, and chunks of 4 segments; columns go in groups
+// of 4. The unit of a (group, chunk): 16 lanes, lane L = 4 col + s (column 4 g + col, segment s of the
+// chunk); its bytes are kSegK / 8 vectors of 64 bytes, vector v holding at 4 L .. 4 L + 3 the 4 bytes
+// of column 4 g + col for k = chunk start + s kSegK + 8 v .. + 7 (as in the row-major layout: byte j
+// holds k 2 j in its low nibble, 2 j + 1 in its high one); then 16 scales and 16 zero points, lane by
+// lane: the ones of that lane's block. Lanes past N or past the last block hold zeros.
+constexpr int kGroupCols = 4;
+constexpr int kSegments = 4;  // segments per chunk
+constexpr int kUnitLanes = kGroupCols * kSegments;
+inline constexpr int kSegK(int block_size) { return block_size >= 32 ? 32 : 16; }
+inline constexpr int kChunkK(int block_size) { return kSegments * kSegK(block_size); }
+inline constexpr int kUnitBytes(int block_size) { return kGroupCols * kChunkK(block_size) / 2; }
 
 #ifdef __CUDACC__
 #define ORT_MTP_HOST_DEVICE __host__ __device__
@@ -124,13 +121,15 @@ using ParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_
 void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
 void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
 const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p);
-// Whether the CPU kernel would run p (row-major, constant weights) faster from its own kCpuGroups copy:
-// the SIMD int8 kernel at accuracy_level 4, 4 bits, no zero points, block_size <= 128, K % 128 == 0,
-// N % 4 == 0, and ORT_MTP_CPU_PACK is not 0 (read on every call: sessions created after a change see it).
+// Whether the CPU kernel runs p (row-major, constant weights) from its own kCpuGroups copy: the SIMD
+// int8 kernel at accuracy_level 4 with 4 bits, and ORT_MTP_CPU_PACK is not 0 (read on every call:
+// sessions created after a change see it).
 bool MatMulNBitsCpuPackable(const MatMulNBitsProblem& p);
-// p's B and scales in the kCpuGroups layout (b: N * K / 2 bytes, scales: N * K / block_size elements
-// of p's type).
-void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, uint8_t* b, void* scales);
+// p's B, scales and zero points (if any) in the kCpuGroups layout.
+struct CpuGroupedWeights {
+  std::vector<uint8_t> b, scales, zero_points;
+};
+void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out);
 
 #ifdef ORT_MTP_WITH_CUDA
 // Launches on `stream` (the session's compute stream); no host synchronisation, no allocation, so it

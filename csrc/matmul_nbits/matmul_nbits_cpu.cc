@@ -136,37 +136,121 @@ void Run(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_c
 
 
 // ---- Int8: the accuracy_level 4 path -------------------------------------------------------------
-// Definition (every implementation below computes exactly this; W is the kernel's lane count: 16 for
-// AVX-512, 8 for AVX2/AVX-VNNI and the scalar kernel, which is bit-identical to AVX2):
+// Definition (every implementation below computes exactly this: the scalar kernel, and the SIMD ones
+// of cpu_int8_body.h on either weight layout):
 // 1. A is widened to float32 (fp16/bf16 exactly) and zero-padded to kp = k_blocks * block_size.
 //    Per row m and block b (the weights' block_size):
 //      amax = max |a[m, k]| over the block, s_a[m, b] = amax / 127.f (float32 division)
 //      qa[m, k] = s_a == 0 ? 0 : clamp(round_half_even(a[m, k] / s_a), -127, 127)   (int8)
 //    (the quotient a / s_a is a float32 division; A must be finite). A row's quantisation depends on
 //    that row's values only.
-// 2. k is cut into chunks of CK = 8 W; lane i of chunk c holds k = c CK + 8 i .. c CK + 8 i + 7 (one
-//    block, as block_size >= 16), qsum = the lane's sum of qa (zero past kp). Per output (m, n) and
-//    lane, for chunks c ascending:
-//      p = sum over the lane's k of qa[m, k] * q[n, k]   (int32, exact: any order gives the same p)
+// 2. k is cut into segments of G = kSegK(block_size) (32, or 16 for block_size 16: a segment lies in
+//    one block b) and chunks of 4 segments (CK = 4 G); qsum = a segment's sum of qa (zero past kp).
+//    Per output (m, n) and segment position s = 0..3, for chunks c ascending (the segment k = c CK +
+//    s G .. + G - 1):
+//      p = sum over the segment of qa[m, k] * q[n, k]  (int32, exact: any order gives the same p)
 //      d = p - zp[n, b] * qsum  (int32, exact; zp = 8 without zero points, the uint8 value if packed)
 //          typed zero points: d = fma(zp, -float(qsum), float(p)) in float32
-//      acc[lane] = fma(float(d), float32(s_w[n, b] * s_a[m, b]), acc[lane])
-//    lanes past the last block add fma(0, 0, acc).
-// 3. y = fixed-tree sum of the W lanes (V::Hsum) + bias (float32), rounded once to Y's type.
+//      acc[s] = fma(float(d), float32(s_w[n, b] * s_a[m, b]), acc[s])
+//    segments past the last block add fma(0, 0, acc).
+// 3. y = (acc[0] + acc[1]) + (acc[2] + acc[3]) + bias (float32), rounded once to Y's type.
+// So a row's float work is 3 operations per 32 k and column; the rest is exact integer arithmetic.
 // Against exact arithmetic on the same int4 weights the error is dominated by the int8 rounding of A:
 // |qa s_a - a| <= s_a / 2 per element (ops/nbits.py's int8_reference emulates step 1 exactly).
 struct Int8Job {
   const MatMulNBitsProblem* p;
-  const int8_t* qa;          // [M][chunks][CK]: per chunk the even-k values, then the odd-k values
-  const int32_t* lane_sum;   // [M][chunks][W]: -zp0 * qsum (zp0 = 8 without zero points, else 1)
-  const float* lane_scale;   // [M][chunks][W]: s_a of the lane's block (0 past the last block)
+  const int8_t* qa;          // [M][chunks][CK], arranged per chunk as cpu_int8_body.h says (ArrangeChunk)
+  const int32_t* lane_sum;   // [M][chunks][4]: -zp0 * qsum per segment (zp0 = 8 without zero points, else 1)
+  const float* lane_scale;   // [M][chunks][4]: s_a of the segment's block (0 past the last block)
   int64_t chunks;            // ceil(kp / CK)
-  int64_t full_chunks;       // chunks that lie inside a weight row: floor(kp / CK)
   int64_t groups;            // work units (column groups of 4, or columns for the scalar kernel)
   int64_t tasks;
 };
 
-constexpr int kScalarLanes = 8;
+// One unit of the kCpuGroups layout (matmul_nbits.h), for GatherUnit.
+struct UnitScratch {
+  alignas(64) uint8_t b[kGroupCols * 64];  // kUnitBytes(block_size) <= 256
+  alignas(64) uint8_t scales[kUnitLanes * 4];
+  alignas(64) uint8_t zp[kUnitLanes * 4];
+};
+
+// Unit (group g, chunk c) of p's row-major weights in the kCpuGroups layout (zeros past N and past the
+// last block): the one statement of that layout's map. Scales and typed zero points keep their type.
+void GatherUnit(const MatMulNBitsProblem& p, int64_t g, int64_t c, uint8_t* b, uint8_t* scales, uint8_t* zp) {
+  const int seg = kSegK(p.block_size), ck = kSegments * seg;
+  const int64_t kp = p.k_blocks * p.block_size, row_bytes = p.k_blocks * p.block_bytes;
+  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
+  const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
+  const int block_shift = __builtin_ctz(static_cast<unsigned>(p.block_size));  // a power of two: no division
+  if (seg == 32 && (g + 1) * kGroupCols <= p.N && (c + 1) * ck <= kp && p.zp_kind == ZeroPointKind::kNone) {
+    // The common case: a whole unit, fixed-size moves the compiler turns into plain loads and stores.
+    const uint8_t* src_s = static_cast<const uint8_t*>(p.scales);
+    for (int col = 0; col < kGroupCols; ++col) {
+      const int64_t n = g * kGroupCols + col;
+      const uint8_t* src = p.b + n * row_bytes + c * ck / 2;
+      __builtin_prefetch(src + 8 * 64);  // the column's bytes 8 chunks on: 4 short streams at once
+      for (int s = 0; s < kSegments; ++s) {
+        const int lane = kSegments * col + s;
+        for (int v = 0; v < 4; ++v) std::memcpy(b + 64 * v + 4 * lane, src + 16 * s + 4 * v, 4);
+        const int64_t blk = (c * ck + s * seg) >> block_shift;
+        if (elem == 4) {
+          std::memcpy(scales + lane * 4, src_s + (n * p.k_blocks + blk) * 4, 4);
+        } else {
+          std::memcpy(scales + lane * 2, src_s + (n * p.k_blocks + blk) * 2, 2);
+        }
+      }
+    }
+    return;
+  }
+  for (int col = 0; col < kGroupCols; ++col) {
+    const int64_t n = g * kGroupCols + col;
+    for (int s = 0; s < kSegments; ++s) {
+      const int lane = kSegments * col + s;
+      const int64_t k0 = c * ck + s * seg, blk = k0 >> block_shift;
+      const bool inside = n < p.N && k0 < kp;
+      for (int v = 0; v < seg / 8; ++v) {
+        uint8_t* dst = b + 64 * v + 4 * lane;
+        if (inside) {
+          std::memcpy(dst, p.b + n * row_bytes + (k0 + 8 * v) / 2, 4);
+        } else {
+          std::memset(dst, 0, 4);
+        }
+      }
+      uint8_t* sd = scales + lane * elem;
+      if (inside) {
+        std::memcpy(sd, static_cast<const uint8_t*>(p.scales) + (n * p.k_blocks + blk) * elem, elem);
+      } else {
+        std::memset(sd, 0, elem);
+      }
+      if (p.zp_kind == ZeroPointKind::kPacked) {
+        const uint8_t* zrow = static_cast<const uint8_t*>(p.zero_points) + (inside ? n : 0) * p.zp_row_bytes;
+        zp[lane] = inside ? static_cast<uint8_t>((blk & 1) ? (zrow[blk >> 1] >> 4) : (zrow[blk >> 1] & 0x0F)) : 0;
+      } else if (p.zp_kind == ZeroPointKind::kTyped) {
+        uint8_t* zd = zp + lane * zp_elem;
+        if (inside) {
+          std::memcpy(zd, static_cast<const uint8_t*>(p.zero_points) + (n * p.k_blocks + blk) * zp_elem, zp_elem);
+        } else {
+          std::memset(zd, 0, zp_elem);
+        }
+      }
+    }
+  }
+}
+
+// One chunk of quantised values t (k order) -> the kernel's arrangement d: for v = 0 .. G / 8 - 1, 16
+// bytes of even k then 16 of odd k, 4 bytes per segment s: t[s G + 8 v + parity + 0, 2, 4, 6].
+void ArrangeChunk(const int8_t* t, int seg, int8_t* d) {
+  for (int v = 0; v < seg / 8; ++v)
+    for (int parity = 0; parity < 2; ++parity)
+      for (int s = 0; s < kSegments; ++s)
+        for (int e = 0; e < 4; ++e) d[32 * v + 16 * parity + 4 * s + e] = t[s * seg + 8 * v + parity + 2 * e];
+}
+
+// The arranged index of element k (within its chunk) of a row's quantised values.
+inline int ArrangedIndex(int k, int seg) {
+  const int s = k / seg, v = (k % seg) / 8, parity = k % 2, e = (k % 8) / 2;
+  return 32 * v + 16 * parity + 4 * s + e;
+}
 
 template <typename T>
 void WidenPortable(const T* a, int64_t M, int64_t K, int64_t kp, float* out) {
@@ -176,10 +260,11 @@ void WidenPortable(const T* a, int64_t M, int64_t K, int64_t kp, float* out) {
   }
 }
 
-// Step 1 for one row and lane count W (a: kp floats; tmp: chunks * CK bytes of scratch).
-void QuantizeRowPortable(const float* a, int64_t kp, int bs, int64_t chunks, int lanes, int zp0, int8_t* q,
-                         int32_t* lane_sum, float* lane_scale, int8_t* tmp) {
-  const int64_t ck = 8 * lanes, kq = chunks * ck;
+// Step 1 for one row (a: kp floats; tmp: chunks * CK bytes of scratch).
+void QuantizeRowPortable(const float* a, int64_t kp, int bs, int64_t chunks, int zp0, int8_t* q, int32_t* lane_sum,
+                         float* lane_scale, int8_t* tmp) {
+  const int seg = kSegK(bs), ck = kSegments * seg;
+  const int64_t kq = chunks * ck;
   for (int64_t k0 = 0; k0 < kp; k0 += bs) {
     float amax = 0.f;
     for (int64_t k = k0; k < k0 + bs; ++k) amax = std::max(amax, std::fabs(a[k]));
@@ -189,46 +274,37 @@ void QuantizeRowPortable(const float* a, int64_t kp, int bs, int64_t chunks, int
       v = std::min(std::max(v, -127.f), 127.f);
       tmp[k] = static_cast<int8_t>(v);
     }
-    for (int64_t k = k0; k < k0 + bs; k += 8) lane_scale[k / 8] = s;
+    for (int64_t k = k0; k < k0 + bs; k += seg) lane_scale[k / seg] = s;
   }
   for (int64_t k = kp; k < kq; ++k) tmp[k] = 0;
-  for (int64_t i = kp / 8; i < kq / 8; ++i) lane_scale[i] = 0.f;
-  for (int64_t c = 0; c < chunks; ++c) {
-    for (int64_t e = 0; e < ck / 2; ++e) {
-      q[c * ck + e] = tmp[c * ck + 2 * e];
-      q[c * ck + ck / 2 + e] = tmp[c * ck + 2 * e + 1];
-    }
-  }
-  for (int64_t i = 0; i < kq / 8; ++i) {
+  for (int64_t i = kp / seg; i < kq / seg; ++i) lane_scale[i] = 0.f;
+  for (int64_t c = 0; c < chunks; ++c) ArrangeChunk(tmp + c * ck, seg, q + c * ck);
+  for (int64_t i = 0; i < kq / seg; ++i) {
     int sum = 0;
-    for (int e = 0; e < 8; ++e) sum += tmp[8 * i + e];
+    for (int e = 0; e < seg; ++e) sum += tmp[seg * i + e];
     lane_sum[i] = -zp0 * sum;
   }
 }
 
+// The definition, one output at a time, from row-major weights.
 template <typename T>
 void Int8ScalarColumns(const Int8Job& j, int64_t n_begin, int64_t n_end) {
-  constexpr int W = kScalarLanes, CK = 8 * W;
   const MatMulNBitsProblem& p = *j.p;
+  const int seg = kSegK(p.block_size), ck = kSegments * seg;
   const T* scales = static_cast<const T*>(p.scales);
   const int64_t row_bytes = p.k_blocks * p.block_bytes, kp = p.k_blocks * p.block_size;
   for (int64_t n = n_begin; n < n_end; ++n) {
     const uint8_t* row = p.b + n * row_bytes;
     for (int64_t m = 0; m < p.M; ++m) {
-      float acc[W] = {};
+      float acc[kSegments] = {};
       for (int64_t c = 0; c < j.chunks; ++c) {
         const int64_t at = m * j.chunks + c;
-        const int8_t* qa = j.qa + at * CK;
-        for (int i = 0; i < W; ++i) {
-          const int64_t k0 = c * CK + 8 * i, blk = k0 / p.block_size;
+        const int8_t* qa = j.qa + at * ck;
+        for (int s = 0; s < kSegments; ++s) {
+          const int64_t k0 = c * ck + s * seg, blk = k0 / p.block_size;
           int32_t dot = 0;
-          for (int e = 0; e < 8 && k0 + e < kp; ++e) {
-            const int64_t k = k0 + e, local = k - c * CK;
-            const int qv = Quant(p, row, k);
-            const int a = (local & 1) ? qa[CK / 2 + local / 2] : qa[local / 2];
-            dot += a * qv;
-          }
-          const int32_t ls = j.lane_sum[at * W + i];
+          for (int e = 0; e < seg && k0 + e < kp; ++e) dot += qa[ArrangedIndex(s * seg + e, seg)] * Quant(p, row, k0 + e);
+          const int32_t ls = j.lane_sum[at * kSegments + s];
           float sw = 0.f, f;
           if (blk < p.k_blocks) sw = ToFloat(scales[n * p.k_blocks + blk]);
           if (p.zp_kind == ZeroPointKind::kTyped) {
@@ -240,14 +316,10 @@ void Int8ScalarColumns(const Int8Job& j, int64_t n_begin, int64_t n_end) {
           } else {
             f = static_cast<float>(dot + ls);  // ls = -8 qsum
           }
-          const float scale = sw * j.lane_scale[at * W + i];
-          acc[i] = std::fma(f, scale, acc[i]);
+          acc[s] = std::fma(f, sw * j.lane_scale[at * kSegments + s], acc[s]);
         }
       }
-      // AVX2's V::Hsum: (a0 + a4, a1 + a5, a2 + a6, a3 + a7), then (x0 + x2) + (x1 + x3).
-      float x[4];
-      for (int i = 0; i < 4; ++i) x[i] = acc[i] + acc[i + 4];
-      float v = (x[0] + x[2]) + (x[1] + x[3]);
+      float v = (acc[0] + acc[1]) + (acc[2] + acc[3]);
       if (p.bias) v += ToFloat(static_cast<const T*>(p.bias)[n]);
       static_cast<T*>(p.y)[m * p.N + n] = FromFloat<T>(v);
     }
@@ -272,10 +344,10 @@ void Int8ScalarWiden(const MatMulNBitsProblem& p, int64_t kp, float* out) {
 
 void Int8ScalarQuantize(const float* a, int64_t M, int64_t kp, int bs, int64_t chunks, int zp0, int8_t* qa,
                         int32_t* lane_sum, float* lane_scale, int8_t* tmp) {
-  constexpr int W = kScalarLanes;
+  const int64_t ck = kChunkK(bs);
   for (int64_t m = 0; m < M; ++m)
-    QuantizeRowPortable(a + m * kp, kp, bs, chunks, W, zp0, qa + m * chunks * 8 * W, lane_sum + m * chunks * W,
-                        lane_scale + m * chunks * W, tmp);
+    QuantizeRowPortable(a + m * kp, kp, bs, chunks, zp0, qa + m * chunks * ck, lane_sum + m * chunks * kSegments,
+                        lane_scale + m * chunks * kSegments, tmp);
 }
 
 // isa.range(job, begin, end) over the job's column groups, split into job.tasks contiguous ranges on
@@ -321,6 +393,14 @@ struct V {
   static ORT_MTP_TARGET inline F Mul(F a, F b) { return _mm256_mul_ps(a, b); }
   static ORT_MTP_TARGET inline F Fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static ORT_MTP_TARGET inline F Set1(float v) { return _mm256_set1_ps(v); }
+  static ORT_MTP_TARGET inline F Bcast4(const float* p) { return _mm256_broadcast_ps(reinterpret_cast<const __m128*>(p)); }
+  // 8 float16 (kType 1) or bfloat16 (2) values -> float32 (exact).
+  template <int kType>
+  static ORT_MTP_TARGET inline F LoadHalfFloats(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (kType == 1) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
   static ORT_MTP_TARGET inline float Hsum(F v) {
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
@@ -370,14 +450,15 @@ struct Q {
     const I s16 = _mm256_add_epi16(_mm256_maddubs_epi16(l, qe), _mm256_maddubs_epi16(h, qo));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
   }
-  // s[0 .. BPC) -> lane i gets s[i / LPB].
-  template <int BPC, int LPB>
-  static ORT_MTP_TARGET inline __m256 Expand(const float* s) {
-    static_assert(BPC * LPB == 8, "");
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(BPC), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    const __m256 v = _mm256_maskload_ps(s, mask);
-    const __m256i idx = _mm256_srli_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), __builtin_ctz(LPB));
-    return _mm256_permutevar8x32_ps(v, idx);
+  // 16 bytes (or 4 int32) to both 128-bit lanes; 8 uint8 lanes widened to int32.
+  static ORT_MTP_TARGET inline I Bcast16(const int8_t* p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static ORT_MTP_TARGET inline I Bcast4(const int32_t* p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static ORT_MTP_TARGET inline I LoadU8Lanes(const uint8_t* p) {
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
 };
 #include "matmul_nbits/cpu_int8_body.h"
@@ -412,6 +493,13 @@ struct V {
   static ORT_MTP_TARGET inline F Mul(F a, F b) { return _mm512_mul_ps(a, b); }
   static ORT_MTP_TARGET inline F Fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static ORT_MTP_TARGET inline F Set1(float v) { return _mm512_set1_ps(v); }
+  static ORT_MTP_TARGET inline F Bcast4(const float* p) { return _mm512_broadcast_f32x4(_mm_loadu_ps(p)); }
+  template <int kType>
+  static ORT_MTP_TARGET inline F LoadHalfFloats(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (kType == 1) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
   static ORT_MTP_TARGET inline float Hsum(F v) {
     const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
     __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -451,13 +539,14 @@ struct Q {
     const I s16 = _mm512_add_epi16(_mm512_maddubs_epi16(l, qe), _mm512_maddubs_epi16(h, qo));
     return _mm512_add_epi32(acc, _mm512_madd_epi16(s16, _mm512_set1_epi16(1)));
   }
-  template <int BPC, int LPB>
-  static ORT_MTP_TARGET inline __m512 Expand(const float* s) {
-    static_assert(BPC * LPB == 16, "");
-    const __m512 v = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << BPC) - 1), s);
-    const __m512i idx = _mm512_srli_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                                          __builtin_ctz(LPB));
-    return _mm512_permutexvar_ps(idx, v);
+  static ORT_MTP_TARGET inline I Bcast16(const int8_t* p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static ORT_MTP_TARGET inline I Bcast4(const int32_t* p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static ORT_MTP_TARGET inline I LoadU8Lanes(const uint8_t* p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
 };
 #include "matmul_nbits/cpu_int8_body.h"
@@ -533,17 +622,16 @@ void RunFast(const FastIsa& isa, const MatMulNBitsProblem& p, ParallelFor parall
 }
 #endif  // ORT_MTP_CPU_X86
 
-// The int8 kernels: (name, lanes, widen A to float32 [M, kp], quantise, compute a range of groups,
-// columns per group).
+// The int8 kernels: (name, columns per work unit, widen A to float32 [M, kp], quantise, compute a
+// range of work units).
 struct Int8Isa {
   const char* name;
-  int lanes;
   int group;  // columns per work unit
   void (*widen)(const MatMulNBitsProblem&, int64_t kp, float* out);
   void (*quantize)(const float*, int64_t, int64_t, int, int64_t, int, int8_t*, int32_t*, float*, int8_t*);
   void (*range)(const Int8Job&, int64_t, int64_t);
 };
-constexpr Int8Isa kInt8Scalar{"scalar-int8", kScalarLanes, 1, Int8ScalarWiden, Int8ScalarQuantize, Int8ScalarRange};
+constexpr Int8Isa kInt8Scalar{"scalar-int8", 1, Int8ScalarWiden, Int8ScalarQuantize, Int8ScalarRange};
 
 #if ORT_MTP_CPU_X86
 template <void (*kWiden)(const FastJob&, float*)>
@@ -553,12 +641,12 @@ void WidenVia(const MatMulNBitsProblem& p, int64_t kp, float* out) {
   j.kp = kp;
   kWiden(j, out);
 }
-constexpr Int8Isa kInt8Avx2{"avx2-int8", 8, 4, WidenVia<avx2::WidenEntry>, avx2::Int8QuantizeEntry, avx2::Int8RangeEntry};
-constexpr Int8Isa kInt8AvxVnni{"avxvnni-int8", 8, 4, WidenVia<avx2::WidenEntry>, avxvnni::Int8QuantizeEntry,
+constexpr Int8Isa kInt8Avx2{"avx2-int8", 4, WidenVia<avx2::WidenEntry>, avx2::Int8QuantizeEntry, avx2::Int8RangeEntry};
+constexpr Int8Isa kInt8AvxVnni{"avxvnni-int8", 4, WidenVia<avx2::WidenEntry>, avxvnni::Int8QuantizeEntry,
                                avxvnni::Int8RangeEntry};
-constexpr Int8Isa kInt8Avx512{"avx512-int8", 16, 4, WidenVia<avx512::WidenEntry>, avx512::Int8QuantizeEntry,
+constexpr Int8Isa kInt8Avx512{"avx512-int8", 4, WidenVia<avx512::WidenEntry>, avx512::Int8QuantizeEntry,
                               avx512::Int8RangeEntry};
-constexpr Int8Isa kInt8Avx512Vnni{"avx512vnni-int8", 16, 4, WidenVia<avx512::WidenEntry>,
+constexpr Int8Isa kInt8Avx512Vnni{"avx512vnni-int8", 4, WidenVia<avx512::WidenEntry>,
                                   avx512vnni::Int8QuantizeEntry, avx512vnni::Int8RangeEntry};
 
 bool CpuHasAvxVnni() { return CpuHasAvx2() && __builtin_cpu_supports("avxvnni"); }
@@ -593,12 +681,11 @@ bool Int8Applies(const MatMulNBitsProblem& p) {
 }
 
 void RunInt8(const Int8Isa& isa, const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
-  const int W = isa.lanes, ck = 8 * W;
+  const int ck = kChunkK(p.block_size);
   const int64_t kp = p.k_blocks * p.block_size;
   Int8Job j{};
   j.p = &p;
   j.chunks = (kp + ck - 1) / ck;
-  j.full_chunks = kp / ck;
   j.groups = (p.N + isa.group - 1) / isa.group;
   // Tasks of at least 16 columns; each output's arithmetic is the same whichever task computes it.
   j.tasks = parallel_for ? std::max<int64_t>(1, std::min<int64_t>(64, j.groups * isa.group / 16)) : 1;
@@ -609,8 +696,8 @@ void RunInt8(const Int8Isa& isa, const MatMulNBitsProblem& p, ParallelFor parall
   grow(a_buf, static_cast<size_t>(p.M * kp));
   grow(qa, static_cast<size_t>(p.M * j.chunks * ck) + 64);
   grow(tmp, static_cast<size_t>(j.chunks * ck) + 64);
-  grow(lane_sum, static_cast<size_t>(p.M * j.chunks * W));
-  grow(lane_scale, static_cast<size_t>(p.M * j.chunks * W));
+  grow(lane_sum, static_cast<size_t>(p.M * j.chunks * kSegments));
+  grow(lane_scale, static_cast<size_t>(p.M * j.chunks * kSegments));
   isa.widen(p, kp, a_buf.data());
   const int zp0 = p.zp_kind == ZeroPointKind::kNone ? (1 << (p.bits - 1)) : 1;
   isa.quantize(a_buf.data(), p.M, kp, p.block_size, j.chunks, zp0, qa.data(), lane_sum.data(), lane_scale.data(),
@@ -644,22 +731,27 @@ const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p) {
 bool MatMulNBitsCpuPackable(const MatMulNBitsProblem& p) {
   const char* env = std::getenv("ORT_MTP_CPU_PACK");
   if (env && std::string(env) == "0") return false;
-  return p.layout == WeightLayout::kRowMajor && Int8Applies(p) && Int8IsaChosen().group == kGroupCols &&
-         p.zp_kind == ZeroPointKind::kNone && p.block_size <= kGroupK && p.K % kGroupK == 0 &&
-         p.N % kGroupCols == 0 && p.k_blocks * p.block_size == p.K;
+  return p.layout == WeightLayout::kRowMajor && Int8Applies(p) && Int8IsaChosen().group == kGroupCols;
 }
 
-void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, uint8_t* b, void* scales) {
-  const int64_t row_bytes = p.K / 2, units = p.K / kGroupK, half = kGroupK / 2;
+void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
+  const int64_t kp = p.k_blocks * p.block_size, ck = kChunkK(p.block_size);
+  const int64_t groups = (p.N + kGroupCols - 1) / kGroupCols, chunks = (kp + ck - 1) / ck, units = groups * chunks;
   const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
-  const int per_unit = kGroupK / p.block_size;
-  const auto* src_s = static_cast<const uint8_t*>(p.scales);
-  auto* dst_s = static_cast<uint8_t*>(scales);
-  for (int64_t n = 0; n < p.N; ++n) {
-    for (int64_t u = 0; u < units; ++u) {
-      std::memcpy(b + CpuGroupsByte(p.K, n, u * kGroupK), p.b + n * row_bytes + u * half, static_cast<size_t>(half));
-      std::memcpy(dst_s + CpuGroupsScale(p.K, p.block_size, n, u * per_unit) * elem,
-                  src_s + (n * p.k_blocks + u * per_unit) * elem, per_unit * elem);
+  const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
+  const size_t unit_bytes = static_cast<size_t>(kUnitBytes(p.block_size));
+  out.b.assign(static_cast<size_t>(units) * unit_bytes, 0);
+  out.scales.assign(static_cast<size_t>(units) * kUnitLanes * elem, 0);
+  out.zero_points.assign(p.zp_kind == ZeroPointKind::kNone ? 0 : static_cast<size_t>(units) * kUnitLanes * zp_elem, 0);
+  UnitScratch u;
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t c = 0; c < chunks; ++c) {
+      const size_t unit = static_cast<size_t>(g * chunks + c);
+      GatherUnit(p, g, c, u.b, u.scales, u.zp);
+      std::memcpy(out.b.data() + unit * unit_bytes, u.b, unit_bytes);
+      std::memcpy(out.scales.data() + unit * kUnitLanes * elem, u.scales, kUnitLanes * elem);
+      if (!out.zero_points.empty())
+        std::memcpy(out.zero_points.data() + unit * kUnitLanes * zp_elem, u.zp, kUnitLanes * zp_elem);
     }
   }
 }
