@@ -17,7 +17,7 @@
 
 // How far ahead of a group's unit the kernel asks for the group's next bytes (2 units).
 template <int kSeg>
-constexpr int kPrefetchUnits = 2 * kGroupCols * kSegments * kSeg / 2;
+constexpr int kPrefetchUnits = 6 * kGroupCols * kSegments * kSeg / 2;
 
 // The 16 (or 8, from lane `first`) scales or typed zero points of a unit, as float32.
 template <int kType>
@@ -118,6 +118,16 @@ ORT_MTP_TARGET void Int8Tile(const Int8Job& j, int64_t g, int64_t m0, const Grou
   }
 }
 
+// The last `rows` (< Q::kRows) rows of group g in one tile.
+template <int R, int kZp, int kType, int kSeg>
+ORT_MTP_TARGET void Int8Rest(const Int8Job& j, int64_t g, int64_t m0, int rows, const GroupUnits& local) {
+  if (rows == R) {
+    Int8Tile<R, kZp, kType, kSeg>(j, g, m0, local);
+  } else if constexpr (R > 1) {
+    Int8Rest<R - 1, kZp, kType, kSeg>(j, g, m0, rows, local);
+  }
+}
+
 // All M rows of group g, in tiles of Q::kRows rows (then one tile of the rest). A group's units stay
 // in L1 between row tiles, so B is read from memory once per call. Row-major weights (no grouped copy:
 // ORT_MTP_CPU_PACK=0, or weights that are not constant) are first gathered into the group's units,
@@ -144,12 +154,7 @@ ORT_MTP_TARGET void Int8Group(const Int8Job& j, int64_t g) {
   const int64_t M = p.M;
   int64_t m = 0;
   for (; m + R <= M; m += R) Int8Tile<R, kZp, kType, kSeg>(j, g, m, local);
-  switch (M - m) {
-    case 1: Int8Tile<1, kZp, kType, kSeg>(j, g, m, local); break;
-    case 2: if constexpr (R > 2) Int8Tile<2, kZp, kType, kSeg>(j, g, m, local); break;
-    case 3: if constexpr (R > 3) Int8Tile<3, kZp, kType, kSeg>(j, g, m, local); break;
-    default: break;
-  }
+  if (m < M) Int8Rest<R - 1, kZp, kType, kSeg>(j, g, m, static_cast<int>(M - m), local);
 }
 
 template <int kZp, int kType, int kSeg>

@@ -527,7 +527,7 @@ struct V {
 #include "matmul_nbits/cpu_gemv_body.h"
 struct Q {
   using I = __m512i;
-  static constexpr int kRows = 4;
+  static constexpr int kRows = 8;  // 8 rows x 16 lanes of sums beside a unit's 8 weight vectors: 32 registers hold them
   static ORT_MTP_TARGET inline I LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
   static ORT_MTP_TARGET inline I LoadI(const int32_t* p) { return _mm512_loadu_si512(p); }
   static ORT_MTP_TARGET inline I Lo(I x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
