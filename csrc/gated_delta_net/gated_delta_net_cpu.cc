@@ -46,19 +46,22 @@ struct Features {
 
 // One token of the gated delta rule on a [dk, dv] state in double:
 //   S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q    (every sum over i in ascending order)
-// in two sweeps over the state's rows: row i is decayed and then added into r; after r becomes the
-// update delta, row i is updated and then added into o. Each element goes through the same operations
-// in the same order as in four separate passes (a row's decay comes before its use in r, its update
-// before its use in o, and each sum still runs over i ascending), with half the trips through memory.
-// Each loop runs over the columns j innermost, so the compiler vectorises it across columns without
-// changing any element's order of operations; this file is compiled with -ffp-contract=off (CMakeLists),
-// so no multiply-add is fused either: every clone below computes the same bits as the scalar code, and
-// the one the CPU supports (AVX-512, AVX2, or baseline x86-64) is picked at load time.
+// then the state rounded to its stored type S (as a width-1 call stores it; `out`, if not null, gets
+// the rounded values too), in two sweeps over the state's rows: row i is decayed and then added into
+// r; after r becomes the update delta, row i is updated, added into o, and rounded. Each element goes
+// through the same operations in the same order as in separate passes (a row's decay comes before its
+// use in r, its update before its use in o, its rounding after that use, and each sum still runs over
+// i ascending), with a third of the trips through memory. Each loop runs over the columns j innermost,
+// so the compiler vectorises it across columns without changing any element's order of operations;
+// this file is compiled with -ffp-contract=off (CMakeLists), so no multiply-add is fused either: every
+// clone below computes the same bits as the scalar code, and the one the CPU supports (AVX-512, AVX2,
+// or baseline x86-64) is picked at load time.
+template <typename S>
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
 void DeltaRuleStep(double* state, double* r, double* o, const float* q, const float* k, const float* v, double decay,
-                   double beta, int64_t dk, int64_t dv) {
+                   double beta, int64_t dk, int64_t dv, S* out) {
   for (int64_t j = 0; j < dv; ++j) r[j] = 0.0;
   for (int64_t i = 0; i < dk; ++i) {
     const double ki = k[i];
@@ -73,9 +76,20 @@ void DeltaRuleStep(double* state, double* r, double* o, const float* q, const fl
   for (int64_t i = 0; i < dk; ++i) {
     const double ki = k[i], qi = q[i];
     double* row = state + i * dv;
-    for (int64_t j = 0; j < dv; ++j) {
-      row[j] += ki * r[j];
-      o[j] += qi * row[j];
+    if (out) {
+      S* out_row = out + i * dv;
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] += ki * r[j];
+        o[j] += qi * row[j];
+        out_row[j] = Round<S>(row[j]);
+        row[j] = ToDouble(out_row[j]);
+      }
+    } else {
+      for (int64_t j = 0; j < dv; ++j) {
+        row[j] += ki * r[j];
+        o[j] += qi * row[j];
+        row[j] = ToDouble(Round<S>(row[j]));
+      }
     }
   }
 }
@@ -202,7 +216,10 @@ class Kernel {
     const int64_t hk = h / (p_.num_v_heads / p_.num_k_heads);  // repeat_interleave, as HF and ORT
     const int64_t dk = p_.k_head_dim, dv = p_.v_head_dim, block = dk * dv;
     const S* past = static_cast<const S*>(p_.past_recurrent) + task * block;
-    std::vector<double> state(static_cast<size_t>(block)), r(dv), o(dv);
+    thread_local std::vector<double> state, r, o;  // a task's only allocations, once per thread
+    state.resize(static_cast<size_t>(block));
+    r.resize(static_cast<size_t>(dv));
+    o.resize(static_cast<size_t>(dv));
     for (int64_t e = 0; e < block; ++e) state[e] = ToDouble(past[e]);
     auto slot_out = [&](int64_t slot) {
       return static_cast<S*>(p_.present_recurrent) + (slot * p_.batch * p_.num_v_heads + task) * block;
@@ -217,16 +234,11 @@ class Kernel {
       const float* v = &f_.v[row * p_.value_dim() + h * dv];
       const double decay = std::exp(static_cast<double>(f_.g[row * p_.num_v_heads + h]));
       const double beta = f_.beta[row * p_.num_v_heads + h];
-      DeltaRuleStep(state.data(), r.data(), o.data(), q, k, v, decay, beta, dk, dv);
-      GatedRmsNorm(row, h, o.data());
-      // The state as stored between calls: the next token starts from exactly that.
+      // The state as stored between calls (the next token starts from exactly that), into its slot.
       const int64_t slot = t - (p_.seq - p_.slots);
-      S* out = slot >= 0 ? slot_out(slot) : nullptr;
-      for (int64_t e = 0; e < block; ++e) {
-        const S stored = Round<S>(state[e]);
-        state[e] = ToDouble(stored);
-        if (out) out[e] = stored;
-      }
+      DeltaRuleStep<S>(state.data(), r.data(), o.data(), q, k, v, decay, beta, dk, dv,
+                       slot >= 0 ? slot_out(slot) : nullptr);
+      GatedRmsNorm(row, h, o.data());
     }
   }
 
