@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from models.defaults import TRAINED_FOLDER  # noqa: E402
 
 PROMPTS = TRAINED_FOLDER / "heldout_prompts.json"
+PASSES = 3
 SAMPLES = ["def read_config(path):", "class Stack:\n    def __init__(self):", "import os\n\n\ndef main():"]
 
 
@@ -59,25 +60,33 @@ def measure(new_tokens: int, threads: int) -> dict:
 
     prompts = [p["prompt"] for p in json.loads(PROMPTS.read_text())]
     gen = Generator(TRAINED_FOLDER, provider="cpu", mode="mtp", max_length=1024, threads=threads)
-    rows, greedy = {}, {}
-    for mode, k in (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4)):
-        per = []
+    modes = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
+    per = {k: [] for _, k in modes}
+    # Modes interleaved per prompt and the prompts run PASSES times, so that a noisy machine's slow
+    # spells fall on every mode alike; tok/s is the median over prompts and passes.
+    for rep in range(PASSES):
         for i, prompt in enumerate(prompts):
-            kw = {"mode": mode, "stop_at_eos": False}
-            if k:
-                kw["draft_tokens"] = k
-            gen.generate(prompt, 8, **kw)  # warm
-            result = gen.generate(prompt, new_tokens, **kw)
-            s = result.stats.as_dict()
-            if not k:
-                greedy[i] = result.tokens
-            per.append({"tok_s": s["tokens_per_second"], "acceptance": s["acceptance"],
-                        "tokens_per_round": s["tokens_per_round"], "same_as_greedy": result.tokens == greedy[i]})
+            greedy = None
+            for mode, k in modes:
+                kw = {"mode": mode, "stop_at_eos": False}
+                if k:
+                    kw["draft_tokens"] = k
+                gen.generate(prompt, 8, **kw)  # warm
+                result = gen.generate(prompt, new_tokens, **kw)
+                s = result.stats.as_dict()
+                if not k:
+                    greedy = result.tokens
+                per[k].append({"tok_s": s["tokens_per_second"], "acceptance": s["acceptance"],
+                               "tokens_per_round": s["tokens_per_round"], "same_as_greedy": result.tokens == greedy,
+                               "first_pass": rep == 0})
+    rows = {}
+    for mode, k in modes:
+        first = [p for p in per[k] if p["first_pass"]]  # token counts: one pass (every pass prints the same)
         name = "greedy" if not k else f"mtp_k{k}"
-        rows[name] = {"tok_s_median": statistics.median(p["tok_s"] for p in per),
-                      "acceptance_mean": statistics.fmean(p["acceptance"] for p in per) if k else None,
-                      "tokens_per_round_mean": statistics.fmean(p["tokens_per_round"] for p in per) if k else None,
-                      "same_as_greedy": sum(p["same_as_greedy"] for p in per), "prompts": len(per)}
+        rows[name] = {"tok_s_median": statistics.median(p["tok_s"] for p in per[k]),
+                      "acceptance_mean": statistics.fmean(p["acceptance"] for p in first) if k else None,
+                      "tokens_per_round_mean": statistics.fmean(p["tokens_per_round"] for p in first) if k else None,
+                      "same_as_greedy": sum(p["same_as_greedy"] for p in first), "prompts": len(first)}
         print(name, json.dumps({k2: v for k2, v in rows[name].items()}), flush=True)
     samples = {p: gen.generate(p, 48, mode="greedy", stop_at_eos=False).text for p in SAMPLES}
     return {"modes": rows, "samples": samples}

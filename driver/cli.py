@@ -32,8 +32,9 @@ def build_parser() -> Parser:
     gen.add_argument("--max-new-tokens", type=int, default=64, help="tokens to generate (default 64)")
     gen.add_argument("--mode", choices=("auto", "greedy", "mtp"), default="auto",
                      help="decoding mode (default auto: " + AUTO_MODE_HELP + ")")
-    gen.add_argument("--draft-tokens", type=int, default=3,
-                     help=f"MTP drafts per round, 1..{MAX_DRAFT_TOKENS} (default 3)")
+    gen.add_argument("--draft-tokens", type=int,
+                     help=f"MTP drafts per round, 1..{MAX_DRAFT_TOKENS} (default: 3 on cuda, 1 on cpu, the "
+                          "fastest measured on each)")
     gen.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider (default cpu)")
     gen.add_argument("--json", action="store_true", help="print one JSON object (tokens, text, stats) instead")
     gen.add_argument("--profile", action="store_true",
@@ -76,17 +77,32 @@ def build_parser() -> Parser:
     return parser
 
 
-# --mode auto: the mode measured faster on each provider. On a CPU the verify of k+1 tokens costs
-# several decode steps (the kernels are compute-bound past one row on few cores) and a head forward
-# about one more, so MTP has been slower than greedy on every model measured there
-# (bench/results/cpu/default_model.json, bench/results/cpu-gemv-int8); on CUDA a verify costs little
-# more than a decode step and MTP is the faster (README, "Measured so far").
-AUTO_MODE = {"cpu": "greedy", "cuda": "mtp"}
-AUTO_MODE_HELP = "mtp on cuda, greedy on cpu, the faster measured on each"
+# --mode auto: MTP where the folder has an MTP head, with the draft count measured fastest on each
+# provider, except for small models on a CPU; greedy for a folder without a head. On CUDA a verify costs
+# little more than a decode step (README, "Measured so far"). On a CPU (2 cores,
+# bench/results/2026-12-04-cpu-segments) MTP k=1 was the fastest mode on the small preset (357 MB: 1.16x
+# greedy without a state window, 1.27x with one; k >= 3 without a window lost to greedy, each partial
+# accept re-running a forward), while on the 16 MB default model, whose forward is mostly fixed
+# per-node overhead, greedy was 1.05x MTP k=1 (bench/results/cpu/default_model.json). Between the two
+# sizes nothing was measured: CPU_MTP_MIN_BYTES sits between them.
+AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
+CPU_MTP_MIN_BYTES = 64 << 20
+AUTO_MODE_HELP = ("mtp where the folder has an MTP head (on cpu: for main-model weights of 64 MiB or more), "
+                  "else greedy")
 
 
-def resolve_mode(mode: str, provider: str) -> str:
-    return AUTO_MODE.get(provider, "mtp") if mode == "auto" else mode
+def resolve_mode(mode: str, folder, provider: str) -> str:
+    if mode != "auto":
+        return mode
+    if folder.mtp is None:
+        return "greedy"
+    if provider == "cpu" and folder.main.weight_bytes() < CPU_MTP_MIN_BYTES:
+        return "greedy"
+    return "mtp"
+
+
+def resolve_draft_tokens(draft_tokens: int | None, provider: str) -> int:
+    return AUTO_DRAFT_TOKENS.get(provider, 3) if draft_tokens is None else draft_tokens
 
 
 def resolve_model(path: str | None) -> str:
@@ -106,8 +122,9 @@ def cmd_generate(args) -> int:
     prompt_ids = Text(folder.tokenizer).encode(args.prompt)
     # Buffers sized for this run: the prompt, the new tokens, and the widest verify beyond them.
     need = len(prompt_ids) + max(args.max_new_tokens, 1)
-    mode = resolve_mode(args.mode, args.provider)
-    generator = Generator(folder, provider=args.provider, mode=mode, draft_tokens=args.draft_tokens,
+    mode = resolve_mode(args.mode, folder, args.provider)
+    generator = Generator(folder, provider=args.provider, mode=mode,
+                          draft_tokens=resolve_draft_tokens(args.draft_tokens, args.provider),
                           max_length=max(2, min(folder.context_length, need)), prefill_chunk=args.prefill_chunk,
                           cuda_graphs=not args.no_cuda_graphs, commit=args.commit,
                           profile=True if args.profile else None, threads=args.threads,

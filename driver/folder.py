@@ -73,6 +73,14 @@ class GraphSpec:
     def head_size(self) -> int:
         return self.kv[0].shape[3]
 
+    def weight_bytes(self) -> int:
+        """Bytes of the graph's initializers (external data by its recorded lengths, else in the file)."""
+        total = 0
+        for tensor in self.proto.graph.initializer:
+            entries = {e.key: e.value for e in tensor.external_data}
+            total += int(entries.get("length", 0)) if "location" in entries else len(tensor.raw_data)
+        return total
+
     def dim_overrides(self, max_len: int) -> dict[str, int]:
         """Values for every symbolic dimension except the sequence width: batch 1, attention mask and
         KV buffers max_len long. With them ORT folds the graph's shape arithmetic into constants, so

@@ -92,9 +92,27 @@ def test_generate_json(tiny_folder, capsys):
     result = json.loads(out)
     assert len(result["tokens"]) <= 10 and isinstance(result["text"], str)
     stats = result["stats"]
-    assert stats["mode"] == "mtp" and stats["draft_tokens"] == 3 and stats["new_tokens"] == len(result["tokens"])
+    assert stats["mode"] == "mtp" and stats["draft_tokens"] == 1 and stats["new_tokens"] == len(result["tokens"])
     assert {"tokens_per_second", "acceptance", "tokens_per_round", "forwards", "commits"} <= set(stats)
     assert "verify" in stats["phase_ms_per_round"]
+
+
+def test_auto_mode_on_the_cpu_is_mtp_k1_for_big_weights_and_greedy_for_small(tiny_folder, capsys, monkeypatch):
+    """--mode auto on the CPU: greedy for a small model (the tiny preset's weights are under
+    CPU_MTP_MIN_BYTES), MTP with k = 1 (the fastest measured there) for a big one, unless --draft-tokens
+    says otherwise."""
+    import driver.cli as cli
+
+    base = ["generate", "--model", str(tiny_folder), "--prompt", "import os", "--max-new-tokens", "6", "--json"]
+    assert main(base) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["mode"] == "greedy" and result["mode_chosen_by"] == "auto"
+    monkeypatch.setattr(cli, "CPU_MTP_MIN_BYTES", 1024)  # the tiny preset's weights now count as big
+    assert main(base) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["mode"] == "mtp" and result["stats"]["draft_tokens"] == 1
+    assert main(base + ["--draft-tokens", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["draft_tokens"] == 4
 
 
 def test_greedy_json_matches_mtp_json(tiny_folder, capsys):
@@ -211,7 +229,7 @@ def test_folder_without_mtp_head_runs_greedy_and_refuses_mtp(folder_copy, capsys
     (folder_copy / "mtp.onnx").unlink()
     base = ["generate", "--model", str(folder_copy), "--prompt", "x = 1", "--max-new-tokens", "4"]
     assert main(base + ["--mode", "greedy"]) == 0
-    assert main(base) == 0  # --mode auto: greedy on the CPU
+    assert main(base) == 0  # --mode auto: greedy for a folder without a head
     capsys.readouterr()
     one_line_error(capsys, base + ["--mode", "mtp"], "has no MTP head", "--mode greedy")
 
