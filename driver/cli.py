@@ -83,8 +83,8 @@ def build_parser() -> Parser:
 # bench/results/2026-12-04-cpu-segments) MTP k=1 was the fastest mode on the small preset (357 MB: 1.16x
 # greedy without a state window, 1.27x with one; k >= 3 without a window lost to greedy, each partial
 # accept re-running a forward), while on the 16 MB default model, whose forward is mostly fixed
-# per-node overhead, greedy was 1.05x MTP k=1 (bench/results/cpu/default_model.json). Between the two
-# sizes nothing was measured: CPU_MTP_MIN_BYTES sits between them.
+# per-node overhead, greedy was faster than MTP at every k (bench/results/cpu/default_model.json).
+# Between the two sizes nothing was measured: CPU_MTP_MIN_BYTES sits between them.
 AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
 CPU_MTP_MIN_BYTES = 64 << 20
 AUTO_MODE_HELP = ("mtp where the folder has an MTP head (on cpu: for main-model weights of 64 MiB or more), "
