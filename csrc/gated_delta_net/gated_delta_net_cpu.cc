@@ -15,6 +15,10 @@
 #include "common/cpu_numeric.h"
 #include "gated_delta_net/gated_delta_net.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace ort_mtp {
 namespace {
 
@@ -30,6 +34,25 @@ double LoadAny(const void* p, FloatType type, int64_t i) {
     case FloatType::kBFloat16: return ToDouble(static_cast<const Ort::BFloat16_t*>(p)[i]);
   }
   return 0.0;
+}
+
+// Zeros over `bytes` at p with non-temporal stores where the CPU has them (SSE2: every x86-64): a window's
+// slots before a call's first token are zeroed on every call, a slot of a layer's state at a time, and
+// nothing reads them back soon, so they need not pass through the cache (nor be read into it first).
+void ZeroSlot(void* p, size_t bytes) {
+#if defined(__x86_64__)
+  auto* c = static_cast<char*>(p);
+  const size_t lead = std::min(bytes, static_cast<size_t>((16 - reinterpret_cast<uintptr_t>(c) % 16) % 16));
+  std::memset(c, 0, lead);
+  c += lead;
+  bytes -= lead;
+  const __m128i zero = _mm_setzero_si128();
+  for (; bytes >= 16; bytes -= 16, c += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(c), zero);
+  std::memset(c, 0, bytes);
+  _mm_sfence();  // the streamed stores are ordered before whatever reads the slots next
+#else
+  std::memset(p, 0, bytes);
+#endif
 }
 
 double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
@@ -189,7 +212,7 @@ class Kernel {
       T* out = static_cast<T*>(p_.present_conv) + (slot * B + b) * C * L;
       const int64_t t = p_.seq - p_.slots + slot;  // the last token this slot has seen
       if (t < 0) {
-        std::memset(static_cast<void*>(out), 0, sizeof(T) * C * L);  // before this call's first token
+        ZeroSlot(out, sizeof(T) * C * L);  // before this call's first token
         continue;
       }
       for (int64_t c = 0; c < C; ++c) {
@@ -225,7 +248,7 @@ class Kernel {
       return static_cast<S*>(p_.present_recurrent) + (slot * p_.batch * p_.num_v_heads + task) * block;
     };
     for (int64_t slot = 0; slot < p_.slots - p_.seq; ++slot)  // before this call's first token
-      std::memset(static_cast<void*>(slot_out(slot)), 0, sizeof(S) * block);
+      ZeroSlot(slot_out(slot), sizeof(S) * block);
 
     for (int64_t t = 0; t < p_.seq; ++t) {
       const int64_t row = b * p_.seq + t;
