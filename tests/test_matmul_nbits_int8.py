@@ -173,7 +173,8 @@ def _has_avx2() -> bool:
         return False
 
 
-@pytest.mark.skipif(not _has_avx2(), reason="the grouped copy is for the SIMD int8 kernels (AVX2 and up)")
+@pytest.mark.skipif(not _has_avx2() or os.environ.get("ORT_MTP_CPU_KERNEL") == "reference",
+                    reason="the grouped copy is for the SIMD int8 kernels (AVX2 and up), not the scalar reference")
 def test_the_grouped_copy_is_made_where_it_applies(library_path, monkeypatch, capfd):
     """The kernel says, in the session's log at INFO, when it made its grouped copy: for every node of
     constant weights the int8 kernel runs (N not a multiple of 4 and zero points included: the copy
