@@ -147,8 +147,10 @@ ORT_MTP_TARGET void Int8Group(const Int8Job& j, int64_t g) {
     uint8_t* zp = scales + chunks * scale_bytes;
     const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
     const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
-    for (int64_t c = 0; c < j.chunks; ++c)
-      GatherUnit(p, g, c, b + c * kBytes, scales + c * kUnitLanes * elem, zp + c * kUnitLanes * zp_elem);
+    if (!GatherGroup(p, g, j.chunks, b, scales)) {
+      for (int64_t c = 0; c < j.chunks; ++c)
+        GatherUnit(p, g, c, b + c * kBytes, scales + c * kUnitLanes * elem, zp + c * kUnitLanes * zp_elem);
+    }
     local = {b, scales, zp};
   }
   const int64_t M = p.M;

@@ -182,26 +182,6 @@ void GatherUnit(const MatMulNBitsProblem& p, int64_t g, int64_t c, uint8_t* b, u
   const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
   const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.block_size));  // a power of two: no division
-  if (seg == 32 && (g + 1) * kGroupCols <= p.N && (c + 1) * ck <= kp && p.zp_kind == ZeroPointKind::kNone) {
-    // The common case: a whole unit, fixed-size moves the compiler turns into plain loads and stores.
-    const uint8_t* src_s = static_cast<const uint8_t*>(p.scales);
-    for (int col = 0; col < kGroupCols; ++col) {
-      const int64_t n = g * kGroupCols + col;
-      const uint8_t* src = p.b + n * row_bytes + c * ck / 2;
-      __builtin_prefetch(src + 8 * 64);  // the column's bytes 8 chunks on: 4 short streams at once
-      for (int s = 0; s < kSegments; ++s) {
-        const int lane = kSegments * col + s;
-        for (int v = 0; v < 4; ++v) std::memcpy(b + 64 * v + 4 * lane, src + 16 * s + 4 * v, 4);
-        const int64_t blk = (c * ck + s * seg) >> block_shift;
-        if (elem == 4) {
-          std::memcpy(scales + lane * 4, src_s + (n * p.k_blocks + blk) * 4, 4);
-        } else {
-          std::memcpy(scales + lane * 2, src_s + (n * p.k_blocks + blk) * 2, 2);
-        }
-      }
-    }
-    return;
-  }
   for (int col = 0; col < kGroupCols; ++col) {
     const int64_t n = g * kGroupCols + col;
     for (int s = 0; s < kSegments; ++s) {
@@ -235,6 +215,52 @@ void GatherUnit(const MatMulNBitsProblem& p, int64_t g, int64_t c, uint8_t* b, u
       }
     }
   }
+}
+
+// All units of group g (chunks 0 .. chunks - 1, unit c at b + c * kUnitBytes, scales likewise) for
+// the common case GatherUnit would otherwise do unit by unit: 4 whole columns, 32-k segments, whole
+// chunks, no zero points. Each column's row is read once, front to back (one stream the prefetchers
+// follow), and every 64 bytes of it, 4 rows (segments s) of 4 dwords (v), are transposed into the
+// column's 4 lanes of the unit's 4 vectors (SSE2, which every x86-64 has). False where it does not apply.
+bool GatherGroup(const MatMulNBitsProblem& p, int64_t g, int64_t chunks, uint8_t* b, uint8_t* scales) {
+#if ORT_MTP_CPU_X86
+  const int seg = kSegK(p.block_size), ck = kSegments * seg;
+  const int64_t kp = p.k_blocks * p.block_size, row_bytes = p.k_blocks * p.block_bytes;
+  if (seg != 32 || (g + 1) * kGroupCols > p.N || kp % ck != 0 || p.zp_kind != ZeroPointKind::kNone) return false;
+  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
+  const int block_shift = __builtin_ctz(static_cast<unsigned>(p.block_size));  // a power of two: no division
+  const int unit_bytes = kUnitBytes(p.block_size);
+  const uint8_t* src_s = static_cast<const uint8_t*>(p.scales);
+  for (int col = 0; col < kGroupCols; ++col) {
+    const int64_t n = g * kGroupCols + col;
+    const uint8_t* row = p.b + n * row_bytes;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const __m128i* src = reinterpret_cast<const __m128i*>(row + c * ck / 2);
+      const __m128i r0 = _mm_loadu_si128(src), r1 = _mm_loadu_si128(src + 1);
+      const __m128i r2 = _mm_loadu_si128(src + 2), r3 = _mm_loadu_si128(src + 3);
+      const __m128i t01l = _mm_unpacklo_epi32(r0, r1), t01h = _mm_unpackhi_epi32(r0, r1);
+      const __m128i t23l = _mm_unpacklo_epi32(r2, r3), t23h = _mm_unpackhi_epi32(r2, r3);
+      uint8_t* u = b + c * unit_bytes + 16 * col;
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u), _mm_unpacklo_epi64(t01l, t23l));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 64), _mm_unpackhi_epi64(t01l, t23l));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 128), _mm_unpacklo_epi64(t01h, t23h));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(u + 192), _mm_unpackhi_epi64(t01h, t23h));
+      uint8_t* sd = scales + (c * kUnitLanes + kSegments * col) * elem;
+      for (int s = 0; s < kSegments; ++s) {
+        const int64_t blk = (c * ck + s * seg) >> block_shift;
+        if (elem == 4) {
+          std::memcpy(sd + s * 4, src_s + (n * p.k_blocks + blk) * 4, 4);
+        } else {
+          std::memcpy(sd + s * 2, src_s + (n * p.k_blocks + blk) * 2, 2);
+        }
+      }
+    }
+  }
+  return true;
+#else
+  (void)p, (void)g, (void)chunks, (void)b, (void)scales;
+  return false;
+#endif
 }
 
 // One chunk of quantised values t (k order) -> the kernel's arrangement d: for v = 0 .. G / 8 - 1, 16
@@ -687,8 +713,10 @@ void RunInt8(const Int8Isa& isa, const MatMulNBitsProblem& p, ParallelFor parall
   j.p = &p;
   j.chunks = (kp + ck - 1) / ck;
   j.groups = (p.N + isa.group - 1) / isa.group;
-  // Tasks of at least 16 columns; each output's arithmetic is the same whichever task computes it.
-  j.tasks = parallel_for ? std::max<int64_t>(1, std::min<int64_t>(64, j.groups * isa.group / 16)) : 1;
+  // Tasks of at least 16 columns and 32K weights (a smaller node costs less than handing work to another
+  // thread); each output's arithmetic is the same whichever task computes it.
+  const int64_t by_work = p.N * kp / (32 << 10);
+  j.tasks = parallel_for ? std::max<int64_t>(1, std::min<int64_t>({64, j.groups * isa.group / 16, by_work})) : 1;
   static thread_local std::vector<float> a_buf, lane_scale;
   static thread_local std::vector<int8_t> qa, tmp;
   static thread_local std::vector<int32_t> lane_sum;
