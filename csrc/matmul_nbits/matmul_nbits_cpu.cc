@@ -773,6 +773,8 @@ void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
   out.zero_points.assign(p.zp_kind == ZeroPointKind::kNone ? 0 : static_cast<size_t>(units) * kUnitLanes * zp_elem, 0);
   UnitScratch u;
   for (int64_t g = 0; g < groups; ++g) {
+    if (GatherGroup(p, g, chunks, out.b.data() + g * chunks * unit_bytes, out.scales.data() + g * chunks * kUnitLanes * elem))
+      continue;
     for (int64_t c = 0; c < chunks; ++c) {
       const size_t unit = static_cast<size_t>(g * chunks + c);
       GatherUnit(p, g, c, u.b, u.scales, u.zp);
