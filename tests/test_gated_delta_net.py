@@ -65,6 +65,7 @@ CASES = [
     (2, 2, 16, 8, 16, 0, "float32", None),
     (1, 4, 8, 8, 37, 0, "float32", None),    # a prefill chunk
     (2, 4, 128, 128, 3, 0, "float32", None),  # Qwen3.5's head dims
+    (2, 4, 64, 64, 4, 3, "float32", None),    # the small preset's (the CPU kernel's other fixed-size form)
     (2, 4, 8, 8, 3, 4, "float32", None),      # fewer tokens than slots
     (2, 4, 8, 8, 9, 4, "float32", None),
     (2, 4, 16, 8, 7, 0, "float16", None),

@@ -79,12 +79,19 @@ struct Features {
 // this file is compiled with -ffp-contract=off (CMakeLists), so no multiply-add is fused either: every
 // clone below computes the same bits as the scalar code, and the one the CPU supports (AVX-512, AVX2,
 // or baseline x86-64) is picked at load time.
-template <typename S>
+// kDv > 0: dv == kDv known at compile time, so r and o stay in registers across the rows (the same
+// operations on each element in the same order as the general form, kDv = 0).
+template <typename S, int kDv>
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void DeltaRuleStep(double* state, double* r, double* o, const float* q, const float* k, const float* v, double decay,
-                   double beta, int64_t dk, int64_t dv, S* out) {
+void DeltaRuleStep(double* state, double* r_out, double* o_out, const float* q, const float* k, const float* v,
+                   double decay, double beta, int64_t dk, int64_t dv_runtime, S* out) {
+  constexpr int64_t kMax = kDv > 0 ? kDv : 1;
+  const int64_t dv = kDv > 0 ? kDv : dv_runtime;
+  double r_local[kMax], o_local[kMax];
+  double* r = kDv > 0 ? r_local : r_out;
+  double* o = kDv > 0 ? o_local : o_out;
   for (int64_t j = 0; j < dv; ++j) r[j] = 0.0;
   for (int64_t i = 0; i < dk; ++i) {
     const double ki = k[i];
@@ -114,6 +121,9 @@ void DeltaRuleStep(double* state, double* r, double* o, const float* q, const fl
         row[j] = ToDouble(Round<S>(row[j]));
       }
     }
+  }
+  if (kDv > 0) {
+    for (int64_t j = 0; j < dv; ++j) o_out[j] = o[j];
   }
 }
 
@@ -259,8 +269,14 @@ class Kernel {
       const double beta = f_.beta[row * p_.num_v_heads + h];
       // The state as stored between calls (the next token starts from exactly that), into its slot.
       const int64_t slot = t - (p_.seq - p_.slots);
-      DeltaRuleStep<S>(state.data(), r.data(), o.data(), q, k, v, decay, beta, dk, dv,
-                       slot >= 0 ? slot_out(slot) : nullptr);
+      S* out = slot >= 0 ? slot_out(slot) : nullptr;
+      if (dv == 64) {  // Qwen3.5's small shapes
+        DeltaRuleStep<S, 64>(state.data(), r.data(), o.data(), q, k, v, decay, beta, dk, dv, out);
+      } else if (dv == 128) {  // Qwen3.5's large shapes
+        DeltaRuleStep<S, 128>(state.data(), r.data(), o.data(), q, k, v, decay, beta, dk, dv, out);
+      } else {
+        DeltaRuleStep<S, 0>(state.data(), r.data(), o.data(), q, k, v, decay, beta, dk, dv, out);
+      }
       GatedRmsNorm(row, h, o.data());
     }
   }
