@@ -464,7 +464,6 @@ struct Q {
   using I = __m256i;
   static constexpr int kRows = 2;
   static ORT_MTP_TARGET inline I LoadBytes(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-  static ORT_MTP_TARGET inline I LoadI(const int32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static ORT_MTP_TARGET inline I Lo(I x) { return _mm256_and_si256(x, _mm256_set1_epi8(0x0F)); }
   static ORT_MTP_TARGET inline I Hi(I x) { return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0F)); }
   static ORT_MTP_TARGET inline I Zero() { return _mm256_setzero_si256(); }
@@ -476,12 +475,9 @@ struct Q {
     const I s16 = _mm256_add_epi16(_mm256_maddubs_epi16(l, qe), _mm256_maddubs_epi16(h, qo));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
   }
-  // 16 bytes (or 4 int32) to both 128-bit lanes; 8 uint8 lanes widened to int32.
-  static ORT_MTP_TARGET inline I Bcast16(const int8_t* p) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static ORT_MTP_TARGET inline I Bcast4(const int32_t* p) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  // 16 bytes to both 128-bit lanes; 8 uint8 lanes widened to int32.
+  static ORT_MTP_TARGET inline I Bcast128(const void* p) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(static_cast<const __m128i*>(p)));
   }
   static ORT_MTP_TARGET inline I LoadU8Lanes(const uint8_t* p) {
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
@@ -555,7 +551,6 @@ struct Q {
   using I = __m512i;
   static constexpr int kRows = 8;  // 8 rows x 16 lanes of sums beside a unit's 8 weight vectors: 32 registers hold them
   static ORT_MTP_TARGET inline I LoadBytes(const void* p) { return _mm512_loadu_si512(p); }
-  static ORT_MTP_TARGET inline I LoadI(const int32_t* p) { return _mm512_loadu_si512(p); }
   static ORT_MTP_TARGET inline I Lo(I x) { return _mm512_and_si512(x, _mm512_set1_epi8(0x0F)); }
   static ORT_MTP_TARGET inline I Hi(I x) { return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0F)); }
   static ORT_MTP_TARGET inline I Zero() { return _mm512_setzero_si512(); }
@@ -565,11 +560,8 @@ struct Q {
     const I s16 = _mm512_add_epi16(_mm512_maddubs_epi16(l, qe), _mm512_maddubs_epi16(h, qo));
     return _mm512_add_epi32(acc, _mm512_madd_epi16(s16, _mm512_set1_epi16(1)));
   }
-  static ORT_MTP_TARGET inline I Bcast16(const int8_t* p) {
-    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  }
-  static ORT_MTP_TARGET inline I Bcast4(const int32_t* p) {
-    return _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  static ORT_MTP_TARGET inline I Bcast128(const void* p) {
+    return _mm512_broadcast_i32x4(_mm_loadu_si128(static_cast<const __m128i*>(p)));
   }
   static ORT_MTP_TARGET inline I LoadU8Lanes(const uint8_t* p) {
     return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
