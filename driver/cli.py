@@ -80,10 +80,10 @@ def build_parser() -> Parser:
 # --mode auto: MTP where the folder has an MTP head, with the draft count measured fastest on each
 # provider, except for small models on a CPU; greedy for a folder without a head. On CUDA a verify costs
 # little more than a decode step (README, "Measured so far"). On a CPU (2 cores,
-# bench/results/2026-12-04-cpu-segments) MTP k=1 was the fastest mode on the small preset (357 MB: 1.14-1.16x
-# greedy without a state window, 1.24-1.27x with one, in two runs; higher k lost ground, each partial accept
-# re-running a forward without a window), while on the 16 MB default model, whose forward is mostly fixed
-# per-node overhead, greedy was faster than MTP at every k (bench/results/cpu/default_model.json).
+# bench/results/2026-12-04-cpu-segments) MTP k=1 was the fastest mode on the small preset (357 MB), with a
+# state window or without (where higher k lost ground, each partial accept re-running a forward), in the
+# last three runs there, while on the 16 MB default model, whose forward is mostly fixed per-node
+# overhead, greedy was faster than MTP at every k (bench/results/cpu/default_model.json).
 # Between the two sizes nothing was measured: CPU_MTP_MIN_BYTES sits between them.
 AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
 CPU_MTP_MIN_BYTES = 64 << 20

@@ -74,7 +74,7 @@ class GraphSpec:
         return self.kv[0].shape[3]
 
     def weight_bytes(self) -> int:
-        """Bytes of the graph's initializers (external data by its recorded lengths, else in the file)."""
+        """Bytes of the graph's initializers: external data by its recorded lengths, the rest by raw_data."""
         total = 0
         for tensor in self.proto.graph.initializer:
             entries = {e.key: e.value for e in tensor.external_data}
