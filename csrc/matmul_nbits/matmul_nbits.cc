@@ -3,6 +3,7 @@
 // with the union of their type constraints.
 #include "matmul_nbits/matmul_nbits.h"
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,20 @@
 
 namespace ort_mtp {
 namespace {
+
+// Memory the system can still hand out without swapping (Linux's MemAvailable), or -1 where unknown.
+int64_t AvailableMemoryBytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kib = -1;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::sscanf(line, "MemAvailable: %lld kB", &kib) == 1) break;
+    kib = -1;
+  }
+  std::fclose(f);
+  return kib < 0 ? -1 : static_cast<int64_t>(kib) * 1024;
+}
 
 constexpr const char* kOpName = "MatMulNBits";
 enum Input { kA = 0, kB = 1, kScales = 2, kZeroPoints = 3, kGIdx = 4, kBias = 5, kInputCount = 6 };
@@ -200,6 +215,18 @@ struct MatMulNBitsKernel {
   void PackForCpu(Ort::ConstKernelInfo& info, MatMulNBitsProblem& p, bool has_zp) {
     p.accuracy_level = static_cast<int>(attrs_.accuracy_level);
     if (!MatMulNBitsCpuPackable(p)) return;
+    // Each node's copy is made as its kernel is created, so a model too big to hold twice in memory
+    // stops copying (and keeps reading the row-major weights, the same bits) where memory runs short,
+    // rather than being killed for running out of it.
+    const size_t need = MatMulNBitsCpuPackBytes(p);
+    const int64_t available = AvailableMemoryBytes();
+    if (available >= 0 && need > static_cast<size_t>(available) / 2) {
+      const std::string message = where_ + ": no grouped copy of the weights for the CPU int8 kernel (" +
+                                  std::to_string(need >> 10) + " KiB, with " + std::to_string(available >> 20) +
+                                  " MiB of memory available): it reads the row-major weights, slower";
+      ORT_CXX_LOG_NOEXCEPT(info.GetLogger(), ORT_LOGGING_LEVEL_WARNING, message.c_str());
+      return;
+    }
     int is_constant = 0;
     p.b = static_cast<const uint8_t*>(info.GetTensorConstantInput(kB, &is_constant).GetTensorRawData());
     p.scales = info.GetTensorConstantInput(kScales, &is_constant).GetTensorRawData();

@@ -130,6 +130,8 @@ struct CpuGroupedWeights {
   std::vector<uint8_t> b, scales, zero_points;
 };
 void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out);
+// The bytes MatMulNBitsCpuPack allocates for p.
+size_t MatMulNBitsCpuPackBytes(const MatMulNBitsProblem& p);
 
 #ifdef ORT_MTP_WITH_CUDA
 // Launches on `stream` (the session's compute stream); no host synchronisation, no allocation, so it

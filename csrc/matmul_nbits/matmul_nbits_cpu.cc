@@ -754,15 +754,41 @@ bool MatMulNBitsCpuPackable(const MatMulNBitsProblem& p) {
   return p.layout == WeightLayout::kRowMajor && Int8Applies(p) && Int8IsaChosen().group == kGroupCols;
 }
 
-void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
+namespace {
+// The sizes of p's kCpuGroups copy.
+struct GroupedSizes {
+  int64_t groups, chunks;
+  size_t unit_bytes, elem, zp_elem, b, scales, zero_points;
+};
+
+GroupedSizes GroupedSizesOf(const MatMulNBitsProblem& p) {
+  GroupedSizes z{};
   const int64_t kp = p.k_blocks * p.block_size, ck = kChunkK(p.block_size);
-  const int64_t groups = (p.N + kGroupCols - 1) / kGroupCols, chunks = (kp + ck - 1) / ck, units = groups * chunks;
-  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
-  const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
-  const size_t unit_bytes = static_cast<size_t>(kUnitBytes(p.block_size));
-  out.b.assign(static_cast<size_t>(units) * unit_bytes, 0);
-  out.scales.assign(static_cast<size_t>(units) * kUnitLanes * elem, 0);
-  out.zero_points.assign(p.zp_kind == ZeroPointKind::kNone ? 0 : static_cast<size_t>(units) * kUnitLanes * zp_elem, 0);
+  z.groups = (p.N + kGroupCols - 1) / kGroupCols;
+  z.chunks = (kp + ck - 1) / ck;
+  const size_t units = static_cast<size_t>(z.groups * z.chunks);
+  z.elem = p.type == ElemType::kFloat32 ? 4 : 2;
+  z.zp_elem = p.zp_kind == ZeroPointKind::kTyped ? z.elem : 1;
+  z.unit_bytes = static_cast<size_t>(kUnitBytes(p.block_size));
+  z.b = units * z.unit_bytes;
+  z.scales = units * kUnitLanes * z.elem;
+  z.zero_points = p.zp_kind == ZeroPointKind::kNone ? 0 : units * kUnitLanes * z.zp_elem;
+  return z;
+}
+}  // namespace
+
+size_t MatMulNBitsCpuPackBytes(const MatMulNBitsProblem& p) {
+  const GroupedSizes z = GroupedSizesOf(p);
+  return z.b + z.scales + z.zero_points;
+}
+
+void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
+  const GroupedSizes z = GroupedSizesOf(p);
+  const int64_t groups = z.groups, chunks = z.chunks;
+  const size_t elem = z.elem, zp_elem = z.zp_elem, unit_bytes = z.unit_bytes;
+  out.b.assign(z.b, 0);
+  out.scales.assign(z.scales, 0);
+  out.zero_points.assign(z.zero_points, 0);
   UnitScratch u;
   for (int64_t g = 0; g < groups; ++g) {
     if (GatherGroup(p, g, chunks, out.b.data() + g * chunks * unit_bytes, out.scales.data() + g * chunks * kUnitLanes * elem))
