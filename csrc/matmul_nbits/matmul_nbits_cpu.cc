@@ -175,7 +175,9 @@ struct UnitScratch {
 };
 
 // Unit (group g, chunk c) of p's row-major weights in the kCpuGroups layout (zeros past N and past the
-// last block): the one statement of that layout's map. Scales and typed zero points keep their type.
+// last block): the statement of that layout's map (GatherGroup below computes the same bytes for a whole
+// group in the common case, faster; the tests compare both against the scalar kernel, which reads the
+// row-major weights). Scales and typed zero points keep their type.
 void GatherUnit(const MatMulNBitsProblem& p, int64_t g, int64_t c, uint8_t* b, uint8_t* scales, uint8_t* zp) {
   const int seg = kSegK(p.block_size), ck = kSegments * seg;
   const int64_t kp = p.k_blocks * p.block_size, row_bytes = p.k_blocks * p.block_bytes;
