@@ -48,8 +48,7 @@ template <int kSeg>
 ORT_MTP_TARGET inline UnitPtrs FindUnit(const Int8Job& j, int64_t g, int64_t c, const GroupUnits& local) {
   const MatMulNBitsProblem& p = *j.p;
   constexpr int kBytes = kGroupCols * kSegments * kSeg / 2;
-  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
-  const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
+  const size_t elem = ScaleBytes(p), zp_elem = GroupedZeroPointBytes(p);
   if (local.b) {
     return {local.b + c * kBytes, local.scales + c * kUnitLanes * elem, local.zp + c * kUnitLanes * zp_elem};
   }
@@ -146,8 +145,7 @@ ORT_MTP_TARGET void Int8Group(const Int8Job& j, int64_t g) {
     uint8_t* b = buffer.data();
     uint8_t* scales = b + chunks * kBytes;
     uint8_t* zp = scales + chunks * scale_bytes;
-    const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
-    const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
+    const size_t elem = ScaleBytes(p), zp_elem = GroupedZeroPointBytes(p);
     if (!GatherGroup(p, g, j.chunks, b, scales)) {
       for (int64_t c = 0; c < j.chunks; ++c)
         GatherUnit(p, g, c, b + c * kBytes, scales + c * kUnitLanes * elem, zp + c * kUnitLanes * zp_elem);

@@ -105,6 +105,13 @@ struct MatMulNBitsProblem {
   void* y = nullptr;                  // [M, N] of `type`
 };
 
+// Bytes per element of p's scales (A's type), and of its zero points in the kCpuGroups copy (uint8
+// when packed, A's type when typed).
+inline size_t ScaleBytes(const MatMulNBitsProblem& p) { return p.type == ElemType::kFloat32 ? 4 : 2; }
+inline size_t GroupedZeroPointBytes(const MatMulNBitsProblem& p) {
+  return p.zp_kind == ZeroPointKind::kTyped ? ScaleBytes(p) : 1;
+}
+
 // CPU kernels. MatMulNBitsCpu runs, for accuracy_level 4 with 4-bit row-major weights, the
 // int8-activation kernel (matmul_nbits_cpu.cc's "Int8" comment, cpu_int8_body.h: A quantised to int8
 // per row and block, integer dot products; AVX-512 VNNI, AVX-512BW, AVX-VNNI, AVX2 or portable scalar);

@@ -167,13 +167,6 @@ struct Int8Job {
   int64_t tasks;
 };
 
-// One unit of the kCpuGroups layout (matmul_nbits.h), for GatherUnit.
-struct UnitScratch {
-  alignas(64) uint8_t b[kGroupCols * 64];  // kUnitBytes(block_size) <= 256
-  alignas(64) uint8_t scales[kUnitLanes * 4];
-  alignas(64) uint8_t zp[kUnitLanes * 4];
-};
-
 // Unit (group g, chunk c) of p's row-major weights in the kCpuGroups layout (zeros past N and past the
 // last block): the statement of that layout's map (GatherGroup below computes the same bytes for a whole
 // group in the common case, faster; the tests compare both against the scalar kernel, which reads the
@@ -181,8 +174,7 @@ struct UnitScratch {
 void GatherUnit(const MatMulNBitsProblem& p, int64_t g, int64_t c, uint8_t* b, uint8_t* scales, uint8_t* zp) {
   const int seg = kSegK(p.block_size), ck = kSegments * seg;
   const int64_t kp = p.k_blocks * p.block_size, row_bytes = p.k_blocks * p.block_bytes;
-  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
-  const size_t zp_elem = p.zp_kind == ZeroPointKind::kTyped ? elem : 1;
+  const size_t elem = ScaleBytes(p), zp_elem = GroupedZeroPointBytes(p);
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.block_size));  // a power of two: no division
   for (int col = 0; col < kGroupCols; ++col) {
     const int64_t n = g * kGroupCols + col;
@@ -229,7 +221,7 @@ bool GatherGroup(const MatMulNBitsProblem& p, int64_t g, int64_t chunks, uint8_t
   const int seg = kSegK(p.block_size), ck = kSegments * seg;
   const int64_t kp = p.k_blocks * p.block_size, row_bytes = p.k_blocks * p.block_bytes;
   if (seg != 32 || (g + 1) * kGroupCols > p.N || kp % ck != 0 || p.zp_kind != ZeroPointKind::kNone) return false;
-  const size_t elem = p.type == ElemType::kFloat32 ? 4 : 2;
+  const size_t elem = ScaleBytes(p);
   const int block_shift = __builtin_ctz(static_cast<unsigned>(p.block_size));  // a power of two: no division
   const int unit_bytes = kUnitBytes(p.block_size);
   const uint8_t* src_s = static_cast<const uint8_t*>(p.scales);
@@ -265,19 +257,17 @@ bool GatherGroup(const MatMulNBitsProblem& p, int64_t g, int64_t chunks, uint8_t
 #endif
 }
 
-// One chunk of quantised values t (k order) -> the kernel's arrangement d: for v = 0 .. G / 8 - 1, 16
-// bytes of even k then 16 of odd k, 4 bytes per segment s: t[s G + 8 v + parity + 0, 2, 4, 6].
-void ArrangeChunk(const int8_t* t, int seg, int8_t* d) {
-  for (int v = 0; v < seg / 8; ++v)
-    for (int parity = 0; parity < 2; ++parity)
-      for (int s = 0; s < kSegments; ++s)
-        for (int e = 0; e < 4; ++e) d[32 * v + 16 * parity + 4 * s + e] = t[s * seg + 8 * v + parity + 2 * e];
-}
-
-// The arranged index of element k (within its chunk) of a row's quantised values.
+// Where element k (within its chunk, k order) of a row's quantised values goes in the kernel's
+// arrangement: for v = 0 .. G / 8 - 1, 16 bytes of even k then 16 of odd k, 4 bytes per segment s:
+// t[s G + 8 v + parity + 0, 2, 4, 6].
 inline int ArrangedIndex(int k, int seg) {
   const int s = k / seg, v = (k % seg) / 8, parity = k % 2, e = (k % 8) / 2;
   return 32 * v + 16 * parity + 4 * s + e;
+}
+
+// One chunk of quantised values t (k order) -> the kernel's arrangement d.
+void ArrangeChunk(const int8_t* t, int seg, int8_t* d) {
+  for (int k = 0; k < kSegments * seg; ++k) d[ArrangedIndex(k, seg)] = t[k];
 }
 
 template <typename T>
@@ -769,8 +759,8 @@ GroupedSizes GroupedSizesOf(const MatMulNBitsProblem& p) {
   z.groups = (p.N + kGroupCols - 1) / kGroupCols;
   z.chunks = (kp + ck - 1) / ck;
   const size_t units = static_cast<size_t>(z.groups * z.chunks);
-  z.elem = p.type == ElemType::kFloat32 ? 4 : 2;
-  z.zp_elem = p.zp_kind == ZeroPointKind::kTyped ? z.elem : 1;
+  z.elem = ScaleBytes(p);
+  z.zp_elem = GroupedZeroPointBytes(p);
   z.unit_bytes = static_cast<size_t>(kUnitBytes(p.block_size));
   z.b = units * z.unit_bytes;
   z.scales = units * kUnitLanes * z.elem;
@@ -791,18 +781,13 @@ void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
   out.b.assign(z.b, 0);
   out.scales.assign(z.scales, 0);
   out.zero_points.assign(z.zero_points, 0);
-  UnitScratch u;
   for (int64_t g = 0; g < groups; ++g) {
-    if (GatherGroup(p, g, chunks, out.b.data() + g * chunks * unit_bytes, out.scales.data() + g * chunks * kUnitLanes * elem))
-      continue;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const size_t unit = static_cast<size_t>(g * chunks + c);
-      GatherUnit(p, g, c, u.b, u.scales, u.zp);
-      std::memcpy(out.b.data() + unit * unit_bytes, u.b, unit_bytes);
-      std::memcpy(out.scales.data() + unit * kUnitLanes * elem, u.scales, kUnitLanes * elem);
-      if (!out.zero_points.empty())
-        std::memcpy(out.zero_points.data() + unit * kUnitLanes * zp_elem, u.zp, kUnitLanes * zp_elem);
-    }
+    uint8_t* b = out.b.data() + g * chunks * unit_bytes;
+    uint8_t* scales = out.scales.data() + g * chunks * kUnitLanes * elem;
+    if (GatherGroup(p, g, chunks, b, scales)) continue;
+    uint8_t* zp = out.zero_points.empty() ? nullptr : out.zero_points.data() + g * chunks * kUnitLanes * zp_elem;
+    for (int64_t c = 0; c < chunks; ++c)
+      GatherUnit(p, g, c, b + c * unit_bytes, scales + c * kUnitLanes * elem, zp ? zp + c * kUnitLanes * zp_elem : nullptr);
   }
 }
 
