@@ -3,7 +3,7 @@
     python -m ops info [--json]
     python -m ops library-path
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
-                                 [--only matmul|linear-attention|attention|float-matmul]
+                                 [--only matmul|linear-attention|attention|float-matmul|mlp]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
 onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 2.
@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import LibraryNotFoundError, cuda_kernels_built, library_path, visible_gpus
-from .rewrite import ATTENTION, FLOAT_MATMUL, LINEAR_ATTENTION, MATMUL, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
+from .rewrite import ATTENTION, FLOAT_MATMUL, LINEAR_ATTENTION, MATMUL, MLP, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
 from .staging import OutputError
 from .usage import Parser, UsageError
 
@@ -36,7 +36,8 @@ def _parser() -> Parser:
             "Swap com.microsoft MatMulNBits nodes for ort_mtp MatMulNBits, sharing the same weights, and "
             "replace each linear-attention block (CausalConvWithState ... LinearAttention ... GatedRMSNorm) "
             "with one ort_mtp GatedDeltaNet node where the library has that op; blocks that do not fit "
-            "are kept and reported. "
+            "are kept and reported. Where the library runs it (the CPU EP), a gated MLP's gate and up "
+            "projections and its SiLU become one ort_mtp MatMulNBits node (activation=swiglu). "
             "IN and OUT are .onnx files or onnxruntime-genai model folders; OUT must not exist or be "
             "an empty folder, and not be a symbolic link. For a folder every model genai_config.json "
             "names is rewritten, every other file is hard-linked (or copied), and the library is copied in and named in "
@@ -45,7 +46,8 @@ def _parser() -> Parser:
     rewrite.add_argument("input", metavar="IN", help="model file or onnxruntime-genai model folder")
     rewrite.add_argument("output", metavar="OUT", help="output file or folder")
     pattern_help = ("node-name pattern: a glob (e.g. '/model/layers.*/mlp/*'), or 're:REGEX' searched in "
-                    "the name; a linear-attention block goes by its LinearAttention node's name; repeatable")
+                    "the name; a linear-attention block goes by its LinearAttention node's name, a gated MLP by its "
+                    "Sigmoid node's; repeatable")
     rewrite.add_argument("--include", action="append", metavar="PAT",
                          help="rewrite only nodes matching a pattern; " + pattern_help)
     rewrite.add_argument("--exclude", action="append", metavar="PAT",
@@ -177,6 +179,13 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
             for why, kept in _by_reason(dense.kept):
                 shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
                 print(f"note: {name}: kept MatMul {shown} on ONNX Runtime's: {why}", file=sys.stderr)
+        mlps = model.mlp
+        if MLP in kinds and (mlps.rewritten or kinds == (MLP,)):
+            print(f"{name}: fused {len(mlps.rewritten)} of {mlps.total} gated MLPs (gate, up, SiLU) into one "
+                  "ort_mtp MatMulNBits each")
+            for why, kept in _by_reason(mlps.kept):
+                shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
+                print(f"note: {name}: kept the MLP of {shown} as separate nodes: {why}", file=sys.stderr)
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}

@@ -173,29 +173,47 @@ def tensor(name: str, values: np.ndarray, dtype: str | None = None) -> onnx.Tens
 def single_node_model(w: NBitsWeights, *, domain: str = "com.microsoft", a_shape=("M", None),
                       accuracy_level: int | None = None, node_name: str = "matmul",
                       flat_scales: bool = False, float32_io: bool = False,
-                      packing: int | None = None) -> onnx.ModelProto:
+                      packing: int | None = None, second: NBitsWeights | None = None,
+                      activation: str | None = None) -> onnx.ModelProto:
     """A model with one MatMulNBits node of `domain`: input A [*a_shape] (None = K), output Y.
     Weights are initializers, as they are in `w` (packing only sets the attribute: ops.packing
     regroups the weights). float32_io: A and Y are float32, cast to and from w.dtype around the
     node (how bfloat16 is fed from numpy, which has no bfloat16). ir_version 10 because ONNX Runtime
-    1.31 refuses newer IR versions."""
+    1.31 refuses newer IR versions.
+
+    second: ort_mtp's second weight set on the same A (inputs B2, scales2, zero_points2, bias2 and
+    attribute N2): a second output Y2, or with activation="swiglu" one output Y = silu(A x w) *
+    (A x second) (swiglu_reference)."""
     elem = ELEM_TYPES[w.dtype]
     io_elem = TensorProto.FLOAT if float32_io else elem
     a_dims = [w.K if d is None else d for d in a_shape]
-    y_dims = list(a_dims[:-1]) + [w.N]
-    scales = w.scales.reshape(-1) if flat_scales else w.scales
-    inits = [tensor("B", w.b), tensor("scales", scales, w.dtype)]
-    a_name, y_name = ("A_cast", "Y_cast") if float32_io else ("A", "Y")
-    inputs = [a_name, "B", "scales"]
-    if w.zero_points is not None:
-        inits.append(tensor("zero_points", w.zero_points, w.dtype if w.typed_zero_points else None))
-        inputs.append("zero_points")
-    else:
-        inputs.append("")
-    inputs.append("")  # g_idx
-    if w.bias is not None:
-        inits.append(tensor("bias", w.bias, w.dtype))
-        inputs.append("bias")
+    inits = []
+
+    def weight_inputs(ws: NBitsWeights, sfx: str) -> list[str]:
+        scales = ws.scales.reshape(-1) if flat_scales else ws.scales
+        inits.extend([tensor("B" + sfx, ws.b), tensor("scales" + sfx, scales, ws.dtype)])
+        names = ["B" + sfx, "scales" + sfx]
+        if ws.zero_points is not None:
+            inits.append(tensor("zero_points" + sfx, ws.zero_points, ws.dtype if ws.typed_zero_points else None))
+            names.append("zero_points" + sfx)
+        else:
+            names.append("")
+        if sfx == "":
+            names.append("")  # g_idx
+        if ws.bias is not None:
+            inits.append(tensor("bias" + sfx, ws.bias, ws.dtype))
+            names.append("bias" + sfx)
+        else:
+            names.append("")
+        return names
+
+    a_name = "A_cast" if float32_io else "A"
+    inputs = [a_name] + weight_inputs(w, "")
+    outputs = ["Y"]
+    if second is not None:
+        inputs += weight_inputs(second, "2")
+        if activation is None:
+            outputs.append("Y2")
     while inputs and inputs[-1] == "":
         inputs.pop()
     attrs = dict(K=w.K, N=w.N, bits=w.bits, block_size=w.block_size)
@@ -203,18 +221,34 @@ def single_node_model(w: NBitsWeights, *, domain: str = "com.microsoft", a_shape
         attrs["accuracy_level"] = accuracy_level
     if packing is not None:
         attrs["packing"] = packing
-    nodes = [helper.make_node("MatMulNBits", inputs, [y_name], name=node_name, domain=domain, **attrs)]
+    if second is not None:
+        attrs["N2"] = second.N
+    if activation is not None:
+        attrs["activation"] = activation
+    node_outputs = [f"{y}_cast" for y in outputs] if float32_io else outputs
+    nodes = [helper.make_node("MatMulNBits", inputs, node_outputs, name=node_name, domain=domain, **attrs)]
     if float32_io:
         nodes.insert(0, helper.make_node("Cast", ["A"], [a_name], to=elem))
-        nodes.append(helper.make_node("Cast", [y_name], ["Y"], to=TensorProto.FLOAT))
+        nodes += [helper.make_node("Cast", [f"{y}_cast"], [y], to=TensorProto.FLOAT) for y in outputs]
+    n_out = {"Y": w.N, "Y2": second.N if second is not None else 0}
     graph = helper.make_graph(
         nodes, "matmul_nbits",
         [helper.make_tensor_value_info("A", io_elem, a_dims)],
-        [helper.make_tensor_value_info("Y", io_elem, y_dims)],
+        [helper.make_tensor_value_info(y, io_elem, list(a_dims[:-1]) + [n_out[y]]) for y in outputs],
         initializer=inits,
     )
     return helper.make_model(graph, ir_version=10,
                              opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(domain, 1)])
+
+
+def swiglu_reference(gate: np.ndarray, up: np.ndarray, dtype: str) -> np.ndarray:
+    """ort_mtp::MatMulNBits' activation="swiglu" from its two products as two nodes write them (values
+    of `dtype`): silu(g) * u = g / (1 + exp(-g)) * u in float32, rounded to `dtype`. numpy's float32
+    exp may differ from the C library's by an ulp, so compare within a few ulps of the result."""
+    g = np.asarray(gate, np.float32)
+    u = np.asarray(up, np.float32)
+    with np.errstate(over="ignore"):
+        return round_to(g / (np.float32(1) + np.exp(-g)) * u, dtype)
 
 
 def int8_quantize(a: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -237,6 +237,8 @@ def packable(model: onnx.ModelProto, node: onnx.NodeProto, index: GraphIndex | N
     attrs = _attributes(node)
     if attrs.get(PACKING_ATTRIBUTE, 0) == TILES:
         return "already in the tiles layout"
+    if attrs.get("N2", 0):
+        return "a node with two weight sets (N2) takes MatMulNBits' layout only"
     inputs = list(node.input) + [""] * (6 - len(node.input))
     b_name, s_name, zp_name, g_name = inputs[1], inputs[2], inputs[3], inputs[4]
     inits = index.initializers

@@ -67,7 +67,8 @@ MATMUL = "matmul"
 LINEAR_ATTENTION = "linear-attention"
 ATTENTION = "attention"
 FLOAT_MATMUL = "float-matmul"
-REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL)
+MLP = "mlp"
+REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL, MLP)
 """The rewrite kinds (`python -m ops rewrite --only NAME`, the driver's rewrite=...)."""
 
 
@@ -153,6 +154,7 @@ class ModelReport:
     attention: BlockReport = field(default_factory=BlockReport)  # GroupQueryAttention nodes, by name
     float_matmul: BlockReport = field(default_factory=BlockReport)  # ONNX MatMul nodes, by name
     float_matmul_merged: list[str] = field(default_factory=list)  # two-weight ort_mtp MatMul nodes made from pairs
+    mlp: BlockReport = field(default_factory=BlockReport)  # gated MLPs fused into one node, by their Sigmoid
 
     @property
     def count(self) -> int:
@@ -164,7 +166,7 @@ class ModelReport:
         """Whether anything was rewritten (a MatMulNBits node, a linear-attention block, an attention node,
         a MatMul node)."""
         return bool(self.rewritten or self.linear_attention.rewritten or self.attention.rewritten
-                    or self.float_matmul.rewritten)
+                    or self.float_matmul.rewritten or self.mlp.rewritten)
 
 
 def rewrite_model(model: onnx.ModelProto, include=None, exclude=None, rewrites=None) -> int:
@@ -184,7 +186,8 @@ def _rewrite_kinds(rewrites) -> tuple[str, ...]:
 
 
 def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None, rewrites=None,
-                         gated_delta_net=None, base_dir=None, attention=None, float_matmul=None) -> ModelReport:
+                         gated_delta_net=None, base_dir=None, attention=None, float_matmul=None,
+                         mlp=None) -> ModelReport:
     """Rewrites, in place, in the main graph, its subgraphs and the model's functions: the
     com.microsoft MatMulNBits nodes and the linear-attention blocks selected by node_filter (see
     NodeFilter; a block is selected by its LinearAttention node's name). `rewrites`: which kinds run
@@ -192,7 +195,8 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
     the GatedDeltaNet op can run a block's types (ops.linear_attention.available); without it the
     linear-attention rewrite is structural only; `attention(dtype) -> None | reason` likewise for
     GroupQueryAttention nodes (ops.attention.available), `float_matmul(dtype) -> None | reason` for
-    ONNX MatMul nodes (ops.float_matmul.available). `base_dir`: the model's folder, where small
+    ONNX MatMul nodes (ops.float_matmul.available), `mlp(dtype) -> None | reason` for gated MLPs
+    (ops.mlp.available; the mlp kind runs after the matmul one, on ort_mtp MatMulNBits nodes). `base_dir`: the model's folder, where small
     constants stored as external data are read from (no large initializer is read). Adds the
     ort_mtp opset import where it rewrote a node. The proto is not touched when nothing is
     rewritten; otherwise every node, initializer, external reference and value_info that is not
@@ -207,6 +211,8 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
         wanted.add((SOURCE_DOMAIN, "GroupQueryAttention"))
     if FLOAT_MATMUL in kinds:
         wanted |= {("", "MatMul"), ("ai.onnx", "MatMul")}
+    if MLP in kinds:
+        wanted |= {(SOURCE_DOMAIN, MATMUL_NBITS), (DOMAIN, MATMUL_NBITS)}
     if not any((n.domain, n.op_type) in wanted for _, nodes in _node_lists(model) for n in nodes):
         return report  # nothing to look at: no onnx-ir view of the model is built
 
@@ -238,6 +244,11 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
             from .float_matmul import merge_shared_inputs
 
             report.float_matmul_merged = merge_shared_inputs(view)
+    if MLP in kinds:
+        from .mlp import MlpRewrite
+
+        outcome = patterns.apply(view, MlpRewrite(mlp), node_filter.selects)
+        report.mlp = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
     if report.changed:
         rewritten = ir.serde.serialize_model(view)
         _keep_value_info(model, rewritten)
@@ -428,6 +439,14 @@ def attention_check(library: str | os.PathLike | None = None, provider: str = "c
     return _library_check(attention.available, "GroupQueryAttention", library, provider, device_id)
 
 
+def mlp_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
+    """The `mlp` argument of rewrite_model_report: a gated MLP is fused only where `library` runs
+    ort_mtp::MatMulNBits' swiglu form for its type on `provider`."""
+    from . import mlp
+
+    return _library_check(mlp.available, "MatMulNBits (activation=swiglu)", library, provider, device_id)
+
+
 def float_matmul_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
     """The `float_matmul` argument of rewrite_model_report: a MatMul node is rewritten only where
     `library` runs ort_mtp::MatMul for its type on `provider`."""
@@ -461,7 +480,7 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
     node_filter = NodeFilter(include, exclude)
     report = FileReport(source, output, rewrite_model_report(
         model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent, attention=attention_check(),
-        float_matmul=float_matmul_check()))
+        float_matmul=float_matmul_check(), mlp=mlp_check()))
     report.unmatched_patterns = node_filter.unmatched()
     if require_rewrite and not report.model.changed and not (pack and _has_our_nodes(model)):
         raise RewriteError(_nothing_rewritten(source, report.model, _rewrite_kinds(rewrites)))
@@ -619,7 +638,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
                                                    gated_delta_net_check(library, provider, device_id),
                                                    base_dir=model_path.parent,
                                                    attention=attention_check(library, provider, device_id),
-                                                   float_matmul=float_matmul_check(library, provider, device_id))
+                                                   float_matmul=float_matmul_check(library, provider, device_id),
+                                                   mlp=mlp_check(library, provider, device_id))
         if report.models[name].changed or (pack and _has_our_nodes(model)):
             rewritten[name] = model  # with pack, a model already on our op is rewritten too
     report.unmatched_patterns = node_filter.unmatched()
@@ -634,6 +654,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
             merged.attention.filtered_out += r.attention.filtered_out
             merged.float_matmul.kept += r.float_matmul.kept
             merged.float_matmul.filtered_out += r.float_matmul.filtered_out
+            merged.mlp.kept += r.mlp.kept
+            merged.mlp.filtered_out += r.mlp.filtered_out
         raise RewriteError(_nothing_rewritten(source, merged, kinds))
 
     lib_src = Path(library) if library else Path(library_path())
@@ -723,7 +745,11 @@ def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str
         if report.float_matmul.total:
             return f"{source}: {_none_rewritten(report.float_matmul, 'MatMul nodes')}"
         return f"{source} has no MatMul node"
-    kinds = tuple(k for k in kinds if k not in (ATTENTION, FLOAT_MATMUL))  # the messages below are about the other kinds
+    if kinds == (MLP,):
+        if report.mlp.total:
+            return f"{source}: {_none_rewritten(report.mlp, 'gated MLPs')}"
+        return f"{source} has no gated MLP on ort_mtp MatMulNBits nodes (the mlp rewrite runs after the matmul one)"
+    kinds = tuple(k for k in kinds if k not in (ATTENTION, FLOAT_MATMUL, MLP))  # the messages below are about the other kinds
     blocks = report.linear_attention
     if MATMUL not in kinds and not blocks.total:
         return f"{source} has no linear-attention block (com.microsoft LinearAttention node)"

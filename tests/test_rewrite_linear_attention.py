@@ -401,8 +401,8 @@ def test_include_exclude_and_only(tiny_folder):
     report = rewrite_model_report(model, rewrites=[MATMUL])
     assert report.linear_attention.total == 0 and report.count == 47
     assert sum(n.op_type == "LinearAttention" for n in model.graph.node) == 6
-    with pytest.raises(ops.rewrite.RewriteError, match="unknown rewrite 'mlp'"):
-        rewrite_model_report(_load(tiny_folder), rewrites=["mlp"])
+    with pytest.raises(ops.rewrite.RewriteError, match="unknown rewrite 'swiglu'"):
+        rewrite_model_report(_load(tiny_folder), rewrites=["swiglu"])
 
 
 def test_a_library_without_the_op_keeps_every_block(tiny_folder):

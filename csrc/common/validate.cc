@@ -132,6 +132,20 @@ int64_t IntAttr(const Ort::ConstKernelInfo& info, const std::string& where, cons
   return value;
 }
 
+std::string StringAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name,
+                       const std::string& fallback) {
+  const OrtApi& api = Ort::GetApi();
+  size_t size = 0;
+  if (!Ort::Status{api.KernelInfoGetAttribute_string(info, name, nullptr, &size)}.IsOK()) {
+    if (HasAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be a string");
+    return fallback;
+  }
+  std::string value(size, '\0');  // size counts the terminating NUL
+  Ort::ThrowOnError(api.KernelInfoGetAttribute_string(info, name, value.data(), &size));
+  value.resize(size > 0 ? size - 1 : 0);
+  return value;
+}
+
 float FloatAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, float fallback,
                 float lo) {
   float value = 0.f;

@@ -61,6 +61,9 @@ bool HasAttribute(const Ort::ConstKernelInfo& info, const char* name);
 constexpr int64_t kRequired = INT64_MIN;
 int64_t IntAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, int64_t lo, int64_t hi,
                 int64_t fallback = kRequired);
+// The string attribute `name`; absent: `fallback`.
+std::string StringAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name,
+                       const std::string& fallback);
 // The float attribute `name`, finite and >= `lo`; absent: `fallback`.
 float FloatAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, float fallback,
                 float lo);

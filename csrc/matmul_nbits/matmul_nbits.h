@@ -127,6 +127,16 @@ inline size_t GroupedZeroPointBytes(const MatMulNBitsProblem& p) {
 using ParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
 void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
 void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
+// Two weight sets on one A (the op's N2 form): p1 and p2 differ only in N, their weights, bias and y.
+// Each product is what MatMulNBitsCpu computes for it alone (the same bits), so rows stay independent
+// of M; where the int8 kernel runs both, A is quantised once and both sets are one job for the pool.
+//   kNone: p1.y and p2.y get the two products.
+//   kSwiGlu (p1.N == p2.N): p1.y gets silu(g) * u per element, g and u the two products (the gate and
+//     up projections of a gated MLP) rounded to the type as two nodes would write them, then in
+//     float32: silu(g) = g / (1 + exp(-g)), rounded once to the type. p2.y is not used.
+enum class PairEpilogue : int { kNone = 0, kSwiGlu = 1 };
+void MatMulNBitsCpuPair(const MatMulNBitsProblem& p1, const MatMulNBitsProblem& p2, PairEpilogue epilogue,
+                        ParallelFor parallel_for, void* parallel_context);
 const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p);
 // Whether the CPU kernel runs p (row-major, constant weights) from its own kCpuGroups copy: the SIMD
 // int8 kernel at accuracy_level 4 with 4 bits, and ORT_MTP_CPU_PACK is not 0 (read on every call:
