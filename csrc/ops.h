@@ -12,5 +12,6 @@ void AddCopySlotsOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddFloatMatMulOps(Ort::CustomOpDomain& domain, bool with_cuda);
+void AddGatedAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda);
 
 }  // namespace ort_mtp

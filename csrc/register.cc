@@ -23,6 +23,7 @@ Ort::CustomOpDomain* Domain() {
     ort_mtp::AddGatedDeltaNetOps(*d, with_cuda);
     ort_mtp::AddGroupQueryAttentionOps(*d, with_cuda);
     ort_mtp::AddFloatMatMulOps(*d, with_cuda);
+    ort_mtp::AddGatedAttentionOps(*d, with_cuda);
     return d;
   }();
   return domain;

@@ -12,9 +12,6 @@ run with ORT_MTP_GQA_CUDA=0, has no CUDA kernel, so CUDA models then keep ORT's 
 
 from __future__ import annotations
 
-import functools
-import os
-
 import onnx_ir as ir
 from onnxscript.rewriter import RewriteRule
 
@@ -97,23 +94,12 @@ class AttentionRewrite(Rewrite):
         return list(outs)
 
 
+def _probe_model(name: str):
+    return model(GqaConfig(num_heads=1, kv_num_heads=1, head_size=8, dtype=name), node_name="probe")
+
+
 def available(library: str, provider: str = "cpu", dtype: ir.DataType = ir.DataType.FLOAT,
               device_id: int = 0) -> str | None:
     """None when `library` runs ort_mtp::GroupQueryAttention on `provider` for `dtype`, else why not
     (one line; a one-node session, cached per library file)."""
-    if provider not in probe.PROVIDERS:
-        return f"ort_mtp::{OP} has kernels for the CPU EP only, not {provider}"
-    if dtype not in _TYPES:
-        return f"ort_mtp::{OP} takes float32, float16 or bfloat16, not {dtype}"
-    try:
-        stamp = os.stat(library).st_mtime_ns
-    except OSError as e:
-        return f"the custom-op library {library} cannot be read ({e.strerror})"
-    return _available(library, stamp, provider, int(dtype), device_id)
-
-
-@functools.lru_cache(maxsize=32)
-def _available(library: str, stamp: int, provider: str, dtype: int, device_id: int) -> str | None:
-    name = _TYPES[ir.DataType(dtype)]
-    one_node = model(GqaConfig(num_heads=1, kv_num_heads=1, head_size=8, dtype=name), node_name="probe")
-    return probe.refusal(library, provider, one_node, OP, name, device_id)
+    return probe.by_type(OP, library, provider, dtype, _TYPES, _probe_model, device_id)

@@ -25,9 +25,6 @@ so one launch for both halves that cost. The outputs keep their names.
 
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import RewriteRule
@@ -206,23 +203,13 @@ def merge_shared_inputs(model: ir.Model) -> list[str]:
     return merged
 
 
+def _probe_model(name: str):
+    # The two-weight form: a library that predates it runs none of the rewritten (and merged) nodes.
+    return model(8, 8, name, node_name="probe", n2=8)
+
+
 def available(library: str, provider: str = "cpu", dtype: ir.DataType = ir.DataType.FLOAT,
               device_id: int = 0) -> str | None:
     """None when `library` runs ort_mtp::MatMul on `provider` for `dtype`, else why not (one line; a
     one-node session, cached per library file)."""
-    if provider not in probe.PROVIDERS:
-        return f"ort_mtp::{OP} has kernels for the CPU and CUDA EPs only, not {provider}"
-    if dtype not in _TYPES:
-        return f"ort_mtp::{OP} takes float32, float16 or bfloat16, not {dtype}"
-    try:
-        stamp = os.stat(library).st_mtime_ns
-    except OSError as e:
-        return f"the custom-op library {library} cannot be read ({e.strerror})"
-    return _available(library, stamp, provider, int(dtype), device_id)
-
-
-@functools.lru_cache(maxsize=32)
-def _available(library: str, stamp: int, provider: str, dtype: int, device_id: int) -> str | None:
-    name = _TYPES[ir.DataType(dtype)]
-    # The two-weight form: a library that predates it runs none of the rewritten (and merged) nodes.
-    return probe.refusal(library, provider, model(8, 8, name, node_name="probe", n2=8), OP, name, device_id)
+    return probe.by_type(OP, library, provider, dtype, _TYPES, _probe_model, device_id)

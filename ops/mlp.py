@@ -25,9 +25,6 @@ node is named after the two projections ("<gate>+<up>").
 
 from __future__ import annotations
 
-import functools
-import os
-
 import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import RewriteRule
@@ -127,26 +124,16 @@ class MlpRewrite(Rewrite):
         return out
 
 
+def _probe_model(name: str):
+    rng = np.random.default_rng(0)
+    gate, up = (nbits.random_weights(rng, 32, 8, dtype=name) for _ in range(2))
+    return nbits.single_node_model(gate, domain=DOMAIN, node_name="probe", second=up, activation=ACTIVATION,
+                                   accuracy_level=4)
+
+
 def available(library: str, provider: str = "cpu", dtype: ir.DataType = ir.DataType.FLOAT,
               device_id: int = 0) -> str | None:
     """None when `library` runs ort_mtp::MatMulNBits' swiglu form on `provider` for `dtype`, else why not
     (one line; a one-node session, cached per library file)."""
-    if provider not in probe.PROVIDERS:
-        return f"ort_mtp::{MATMUL_NBITS} has kernels for the CPU and CUDA EPs only, not {provider}"
-    if dtype not in _TYPES:
-        return f"ort_mtp::{MATMUL_NBITS} takes float32, float16 or bfloat16, not {dtype}"
-    try:
-        stamp = os.stat(library).st_mtime_ns
-    except OSError as e:
-        return f"the custom-op library {library} cannot be read ({e.strerror})"
-    return _available(library, stamp, provider, int(dtype), device_id)
-
-
-@functools.lru_cache(maxsize=32)
-def _available(library: str, stamp: int, provider: str, dtype: int, device_id: int) -> str | None:
-    name = _TYPES[ir.DataType(dtype)]
-    rng = np.random.default_rng(0)
-    gate, up = (nbits.random_weights(rng, 32, 8, dtype=name) for _ in range(2))
-    one_node = nbits.single_node_model(gate, domain=DOMAIN, node_name="probe", second=up, activation=ACTIVATION,
-                                       accuracy_level=4)
-    return probe.refusal(library, provider, one_node, MATMUL_NBITS, name, device_id)
+    return probe.by_type(f"{MATMUL_NBITS} (activation={ACTIVATION})", library, provider, dtype, _TYPES, _probe_model,
+                         device_id)

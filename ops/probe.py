@@ -10,6 +10,7 @@ session configuration"), so the CUDA EP is the only one listed.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 
@@ -60,3 +61,24 @@ def refusal(library: str, provider: str, model, op: str, what: str, device_id: i
 def first_line(error: Exception) -> str:
     text = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ", "", str(error).strip())
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def by_type(op: str, library: str, provider: str, dtype, types: dict, one_node, device_id: int = 0) -> str | None:
+    """None when `library` runs ort_mtp::`op` on `provider` for element type `dtype` (an onnx_ir
+    DataType), else why not, in one line. `types` maps the DataTypes the op takes to their names;
+    `one_node(name)` makes the one-node model to try (called once per library file, provider, type and
+    device: the answer is cached, and a rebuilt library is asked again)."""
+    if provider not in PROVIDERS:
+        return f"ort_mtp::{op} has kernels for the {' and '.join(p.upper() for p in PROVIDERS)} EPs only, not {provider}"
+    if dtype not in types:
+        return f"ort_mtp::{op} takes {', '.join(types.values())}, not {dtype}"
+    try:
+        stamp = os.stat(library).st_mtime_ns
+    except OSError as e:
+        return f"the custom-op library {library} cannot be read ({e.strerror})"
+    return _by_type(op, library, stamp, provider, types[dtype], one_node, device_id)
+
+
+@functools.lru_cache(maxsize=64)
+def _by_type(op: str, library: str, stamp: int, provider: str, name: str, one_node, device_id: int) -> str | None:
+    return refusal(library, provider, one_node(name), op, name, device_id)

@@ -1,4 +1,4 @@
-"""Random cases for the library's ops (CopySlots, MatMulNBits, GatedDeltaNet, GroupQueryAttention), as a hostile model
+"""Random cases for the library's ops (CopySlots, MatMulNBits, GatedDeltaNet, GroupQueryAttention, GatedAttention), as a hostile model
 file or a careless caller would build them: random shapes, element types, declared output types,
 attributes, bound buffers, and weights as initializers or as graph inputs.
 
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 
 import ops  # noqa: E402
 from ops import gated_delta_net as gdn  # noqa: E402
+from ops import gated_attention as gated  # noqa: E402
 from ops import group_query_attention as gqa  # noqa: E402
 from ops import nbits, packing  # noqa: E402
 from ops.copy_slots import Pair, copy_slots_model, elem_type, expected  # noqa: E402
@@ -607,6 +608,107 @@ def run_group_query_attention(case: dict, provider: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# GatedAttention
+
+GA_MUTATIONS = ["heads_attr", "section_attr", "rotary_attr", "interleaved_attr", "positions_bad", "qkv_shape",
+                "cache_shape", "norm_shape", "seqlens_high", "input_dtype", "output_dtype", "drop_input",
+                "drop_output"]
+
+
+def gated_attention_case(rng) -> dict:
+    kv = int(rng.integers(1, 3))
+    head = int(rng.choice([8, 16, 32]))
+    rot = int(rng.choice([0, head // 2, head]))
+    half = (rot or head) // 2
+    h = int(rng.integers(0, half + 1))
+    w = int(rng.integers(0, half - h + 1))
+    case = {"op": "GatedAttention", "num_heads": kv * int(rng.integers(1, 4)), "kv_num_heads": kv, "head_size": head,
+            "rotary_dim": rot, "mrope_section": [half - h - w, h, w], "mrope_layout": int(rng.integers(0, 2)),
+            "dtype": str(rng.choice(["float32", "float16"])), "batch": int(rng.integers(0, 3)),
+            "seq": int(rng.integers(1, 6)), "past": int(rng.integers(0, 6)), "spare": int(rng.integers(0, 4)),
+            "mutations": sorted({str(m) for m in rng.choice(GA_MUTATIONS, size=int(rng.choice([0, 0, 1, 1, 2])))}),
+            "choice": int(rng.integers(0, 1 << 30))}
+    if any(m in ("positions_bad", "seqlens_high") for m in case["mutations"]):
+        case["batch"] = max(case["batch"], 1)  # bad values need a batch row to hold them
+    return case
+
+
+def run_gated_attention(case: dict, provider: str) -> str:
+    rng = np.random.default_rng(case["choice"])
+    cfg = gated.GatedAttentionConfig(case["num_heads"], case["kv_num_heads"], case["head_size"], case["rotary_dim"],
+                                     tuple(case["mrope_section"]), case["mrope_layout"], dtype=case["dtype"])
+    buffer = case["past"] + case["seq"] + case["spare"]
+    feeds = gated.random_case(rng, cfg, case["batch"], case["seq"], case["past"], buffer,
+                              max_position=case["past"] + case["seq"] + 8)
+    attrs = cfg.attributes()
+    inputs, outputs = list(gated.INPUTS), list(gated.OUTPUTS)
+    retype: dict[str, str] = {}
+    for m in case["mutations"]:
+        if m == "heads_attr":
+            attrs[str(rng.choice(["num_heads", "kv_num_heads"]))] = int(rng.choice([0, -1, 1 << 40]))
+        elif m == "section_attr":
+            attrs["mrope_section"] = [[1, 1], [100, 0, 0], [-1, 0, 0]][int(rng.integers(0, 3))]
+        elif m == "rotary_attr":
+            attrs["rotary_embedding_dim"] = int(rng.choice([3, -2, 4 * case["head_size"]]))
+        elif m == "interleaved_attr":
+            attrs["interleaved"] = 1
+        elif m == "positions_bad":
+            feeds["position_ids"] = feeds["position_ids"].copy()
+            feeds["position_ids"][int(rng.integers(0, 3)), 0, 0] = int(rng.choice([-1, 1 << 40, len(feeds["cos_cache"])]))
+        elif m == "qkv_shape":
+            shape = list(feeds["qkv"].shape)
+            shape[-1] += int(rng.choice([1, -1, 2 * case["head_size"]]))
+            feeds["qkv"] = np.zeros(shape, feeds["qkv"].dtype)
+        elif m == "cache_shape":
+            name = str(rng.choice(["cos_cache", "sin_cache"]))
+            feeds[name] = np.zeros((len(feeds[name]), feeds[name].shape[1] + 1), np.float32)
+        elif m == "norm_shape":
+            name = str(rng.choice(["q_norm_weight", "k_norm_weight"]))
+            feeds[name] = np.ones(case["head_size"] + 1, feeds[name].dtype)
+        elif m == "seqlens_high":
+            feeds["seqlens_k"] = np.full(case["batch"], int(rng.choice([buffer, (1 << 31) - 1])), np.int32)
+        elif m == "input_dtype":
+            name = str(rng.choice(["qkv", "position_ids", "cos_cache", "past_key"]))
+            retype[name] = {"position_ids": "int32", "cos_cache": "float64"}.get(name, "float64")
+            feeds[name] = feeds[name].astype(retype[name])
+        elif m == "output_dtype":
+            retype[str(rng.choice(gated.OUTPUTS))] = str(rng.choice(["float64", "uint8"]))
+        elif m == "drop_input":
+            inputs = inputs[:int(rng.integers(1, len(inputs)))]
+        elif m == "drop_output":
+            outputs = outputs[:int(rng.integers(0, len(outputs)))]
+
+    def go():
+        from onnx import helper as h
+
+        model = gated.model(cfg, node_name=NODE, attributes=attrs)
+        for vi in list(model.graph.input) + list(model.graph.output):
+            if vi.name in retype:
+                vi.type.tensor_type.elem_type = h.np_dtype_to_tensor_dtype(np.dtype(retype[vi.name]))
+        node = model.graph.node[0]
+        del node.input[len(inputs):]
+        del node.output[len(outputs):]
+        del model.graph.input[len(inputs):]
+        del model.graph.output[len(outputs):]
+        return make_session(model, provider).run(None, {k: v for k, v in feeds.items() if k in inputs})
+
+    outcome, result = attempt(go)
+    if case["mutations"]:
+        return expect_error(outcome, result)
+    if outcome != "ok":
+        raise CaseFailure(f"a valid case failed: {result}")
+    want = gated.reference(cfg, **feeds)
+    atol = {"float32": 2e-5, "float16": 2e-2}[cfg.dtype]
+    for name, ref, got in zip(gated.OUTPUTS, want, result):
+        got = np.asarray(got, np.float64)
+        if got.shape != ref.shape:
+            raise CaseFailure(f"{name} has shape {got.shape}, expected {ref.shape}")
+        if not np.all(np.abs(got - ref) <= atol * (1 + np.abs(ref))):
+            raise CaseFailure(f"{name} differs from the reference: max error {np.max(np.abs(got - ref)):.3g}")
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------------------
 # Running cases
 
 def make_session(model, provider: str) -> ort.InferenceSession:
@@ -636,9 +738,10 @@ def expect_error(outcome: str, result) -> str:
     return "error"
 
 
-CASE_MAKERS = (copy_slots_case, matmul_case, gated_delta_net_case, group_query_attention_case)  # case i: op i % 4
+CASE_MAKERS = (copy_slots_case, matmul_case, gated_delta_net_case, group_query_attention_case,
+               gated_attention_case)  # case i: op i % 5
 RUNNERS = {"CopySlots": run_copy_slots, "MatMulNBits": run_matmul, "GatedDeltaNet": run_gated_delta_net,
-           "GroupQueryAttention": run_group_query_attention}
+           "GroupQueryAttention": run_group_query_attention, "GatedAttention": run_gated_attention}
 
 
 def make_case(seed: int, index: int) -> dict:

@@ -104,7 +104,7 @@ def test_cuda_models_keep_onnx_runtime_attention():
         ops.attention.available(ops.library_path(), "cuda", onnx_ir.DataType.FLOAT)
     assert ops.attention.available(ops.library_path(), "cpu", onnx_ir.DataType.FLOAT16) is None
     assert ops.attention.available(ops.library_path(), "cpu", onnx_ir.DataType.BFLOAT16) is None
-    assert "CPU EP only" in ops.attention.available(ops.library_path(), "rocm")
+    assert "CPU and CUDA EPs only, not rocm" in ops.attention.available(ops.library_path(), "rocm")
 
 
 def test_cli_only_attention(tiny_folder, tmp_path, capsys):

@@ -132,8 +132,8 @@ def test_without_the_library_key_genai_cannot_load_it(genai_qwen3, tmp_path):
 
 def test_qwen35_blocks_on_gated_delta_net_run_in_onnxruntime_genai(builder_loadable_copy, tmp_path):
     """The builder's Qwen3.5 folder (Gated DeltaNet layers) rewritten with every rewrite: onnxruntime-genai
-    runs its linear-attention blocks as ort_mtp GatedDeltaNet nodes and its attention as ort_mtp
-    GroupQueryAttention (its own KV buffers, not shared on CPU), with the logits of the original
+    runs its linear-attention blocks as ort_mtp GatedDeltaNet nodes and its attention mixer as one ort_mtp
+    GatedAttention (its own KV buffers, not shared on CPU), with the logits of the original
     folder run with exact arithmetic, within float32 rounding."""
     import ops
     import ops.linear_attention
@@ -148,7 +148,10 @@ def test_qwen35_blocks_on_gated_delta_net_run_in_onnxruntime_genai(builder_loada
     model = onnx.load(str(out / "model.onnx"), load_external_data=False)
     assert sum(n.op_type == "GatedDeltaNet" and n.domain == "ort_mtp" for n in model.graph.node) == 3
     assert not any(n.op_type == "LinearAttention" for n in model.graph.node)
-    attention = report.models["model.onnx"].attention  # and its attention layer on ort_mtp GroupQueryAttention
-    assert len(attention.rewritten) == attention.total == 1
-    assert [n.domain for n in model.graph.node if n.op_type == "GroupQueryAttention"] == ["ort_mtp"]
+    attention = report.models["model.onnx"].attention  # its attention layer on ort_mtp GroupQueryAttention,
+    assert len(attention.rewritten) == attention.total == 1  # then the whole mixer one ort_mtp GatedAttention
+    mixers = report.models["model.onnx"].gated_attention
+    assert len(mixers.rewritten) == mixers.total == 1
+    assert [n.domain for n in model.graph.node if n.op_type == "GatedAttention"] == ["ort_mtp"]
+    assert not any(n.op_type in ("GroupQueryAttention", "MRotaryEmbedding") for n in model.graph.node)
     _check_logits(builder_loadable_copy, out, tmp_path)

@@ -11,6 +11,8 @@
 // is an ORT error naming the node.
 #include "attention/group_query_attention.h"
 
+#include "attention/gqa_node.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -26,7 +28,7 @@ namespace {
 
 constexpr const char* kOpName = "GroupQueryAttention";
 
-enum Input { kQuery = 0, kKey, kValue, kPastKey, kPastValue, kSeqlensK, kTotalSeqLen, kInputCount };
+enum Input { kQuery = 0, kKey, kValue, kPastKey, kPastValue, kSeqlensK, kTotalSeqLen, kInputCount = kGqaInputCount };
 enum Output { kOut = 0, kPresentKey, kPresentValue, kOutputCount };
 constexpr const char* kInputNames[kInputCount] = {"query",      "key",       "value",                "past_key",
                                                   "past_value", "seqlens_k", "total_sequence_length"};
@@ -35,31 +37,6 @@ constexpr const char* kOutputNames[kOutputCount] = {"output", "present_key", "pr
 // Bounds that keep every product of extents far from int64 overflow; far above any real model's.
 constexpr int64_t kMaxHeads = 1 << 14;
 constexpr int64_t kMaxLength = int64_t{1} << 31;
-
-struct Attrs {
-  int64_t num_heads = 0, kv_num_heads = 0, local_window = -1;
-  float scale = 0.f, softcap = 0.f;
-  bool smooth_softmax = false;
-};
-
-Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
-  Attrs a;
-  a.num_heads = IntAttr(info, where, "num_heads", 1, kMaxHeads);
-  a.kv_num_heads = IntAttr(info, where, "kv_num_heads", 1, kMaxHeads);
-  if (a.num_heads % a.kv_num_heads != 0)
-    Fail(where, "num_heads (" + std::to_string(a.num_heads) + ") must be a multiple of kv_num_heads (" +
-                    std::to_string(a.kv_num_heads) + ")");
-  a.scale = FloatAttr(info, where, "scale", 0.f, -INFINITY);  // 0: 1 / sqrt(head_size), as ORT
-  a.softcap = FloatAttr(info, where, "softcap", 0.f, 0.f);
-  a.local_window = IntAttr(info, where, "local_window_size", -1, kMaxLength, -1);
-  if (a.local_window == 0) Fail(where, "attribute local_window_size must be -1 (no window) or > 0, got 0");
-  a.smooth_softmax = IntAttr(info, where, "smooth_softmax", 0, 1, 0) == 1;
-  // Rotary inside the op is not computed here: the builder applies MRoPE before the node.
-  if (IntAttr(info, where, "do_rotary", 0, 1, 0) != 0)
-    Fail(where, "do_rotary=1 is not supported (apply rotary embeddings before the node)", ORT_NOT_IMPLEMENTED);
-  IntAttr(info, where, "rotary_interleaved", 0, 1, 0);  // meaningful only with do_rotary
-  return a;
-}
 
 using InputDescs = std::array<TensorDesc, kInputCount>;
 
@@ -74,7 +51,7 @@ void CheckShape(const std::string& where, int i, const TensorDesc& d, const std:
   ort_mtp::CheckShape(where, InputLabel(i), d, expected, form);
 }
 
-Dims CheckInputs(const std::string& where, const Attrs& at, FloatType type, const InputDescs& in) {
+Dims CheckInputs(const std::string& where, const GqaAttrs& at, FloatType type, const InputDescs& in) {
   for (int i = 0; i < kInputCount; ++i) {
     if (!in[i].present) Fail(where, InputLabel(i) + " is required");
     const ONNXTensorElementDataType want =
@@ -109,7 +86,7 @@ struct GroupQueryAttentionKernel {
   GroupQueryAttentionKernel(const OrtKernelInfo* raw_info, FloatType type) : type_(type) {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
-    attrs_ = ReadAttrs(info, where_);
+    attrs_ = ReadGqaAttrs(info, where_);
     if (info.GetInputCount() != kInputCount)
       Fail(where_, "takes " + std::to_string(kInputCount) +
                        " inputs (query, key, value, past_key, past_value, seqlens_k, total_sequence_length), got " +
@@ -125,67 +102,15 @@ struct GroupQueryAttentionKernel {
     return Guard(where_, [&] { Compute(raw_ctx); });
   }
 
-  void CheckOutput(int i, const Ort::UnownedValue& out, const std::vector<int64_t>& shape) const {
-    ort_mtp::CheckOutput(where_, std::string("output ") + kOutputNames[i], out, OnnxType(type_), shape);
-  }
-
   void Compute(OrtKernelContext* raw_ctx) {
     Ort::KernelContext ctx{raw_ctx};
     if (ctx.GetInputCount() != kInputCount || ctx.GetOutputCount() != kOutputCount)
       Fail(where_, "expects " + std::to_string(kInputCount) + " inputs and " + std::to_string(kOutputCount) +
                        " outputs");
-    std::array<Ort::ConstValue, kInputCount> values;
-    InputDescs in;
-    for (int i = 0; i < kInputCount; ++i) {
-      values[i] = ctx.GetInput(i);
-      in[i] = Describe(values[i]);
-    }
-    const Dims d = CheckInputs(where_, attrs_, type_, in);
-    const int64_t total = values[kTotalSeqLen].GetTensorData<int32_t>()[0];  // a CPU input on both EPs
-    if (total < 1) Fail(where_, "total_sequence_length must be >= 1, got " + std::to_string(total));
-    const int64_t present_len = std::max(total, d.P);  // ORT's present length
-
-    const std::vector<int64_t> out_shape = {d.B, d.S, attrs_.num_heads * d.H};
-    const std::vector<int64_t> kv_shape = {d.B, attrs_.kv_num_heads, present_len, d.H};
-    Ort::UnownedValue out = ctx.GetOutput(kOut, out_shape);
-    Ort::UnownedValue present_k = ctx.GetOutput(kPresentKey, kv_shape);
-    Ort::UnownedValue present_v = ctx.GetOutput(kPresentValue, kv_shape);
-    CheckOutput(kOut, out, out_shape);
-    CheckOutput(kPresentKey, present_k, kv_shape);
-    CheckOutput(kPresentValue, present_v, kv_shape);
-    if (d.B == 0) return;
-
-    GroupQueryAttentionProblem p;
-    p.batch = d.B;
-    p.seq = d.S;
-    p.num_heads = attrs_.num_heads;
-    p.kv_num_heads = attrs_.kv_num_heads;
-    p.head_size = d.H;
-    p.past_len = d.P;
-    p.present_len = present_len;
-    p.scale = attrs_.scale != 0.f ? attrs_.scale : 1.f / std::sqrt(static_cast<float>(d.H));
-    p.softcap = attrs_.softcap;
-    p.local_window = attrs_.local_window;
-    p.smooth_softmax = attrs_.smooth_softmax;
-    p.type = type_;
-    p.query = values[kQuery].GetTensorRawData();
-    p.key = values[kKey].GetTensorRawData();
-    p.value = values[kValue].GetTensorRawData();
-    p.past_key = values[kPastKey].GetTensorRawData();
-    p.past_value = values[kPastValue].GetTensorRawData();
-    p.seqlens_k = values[kSeqlensK].GetTensorData<int32_t>();
-    p.output = out.GetTensorMutableRawData();
-    p.present_key = present_k.GetTensorMutableRawData();
-    p.present_value = present_v.GetTensorMutableRawData();
-    const bool key_shared = p.present_key == p.past_key, value_shared = p.present_value == p.past_value;
-    if (key_shared != value_shared)
-      Fail(where_, "present_key shares past_key's buffer but present_value does not share past_value's (or the "
-                   "other way round): bind both or neither");
-    p.share_buffer = key_shared;
-    if (p.share_buffer && present_len != d.P)
-      Fail(where_, "present_key shares past_key's buffer, but total_sequence_length " + std::to_string(total) +
-                       " exceeds its length " + std::to_string(d.P));
-
+    GqaInputs in;
+    for (int i = 0; i < kInputCount; ++i) in.Set(i, ctx.GetInput(i));
+    const GroupQueryAttentionProblem p = PrepareGqa(ctx, where_, attrs_, type_, in, kCuda);
+    if (p.batch == 0) return;
     if constexpr (kCuda) {
 #ifdef ORT_MTP_WITH_CUDA
       // seqlens_k is on the device: the kernel checks each row's positions there (group_query_attention.h).
@@ -193,34 +118,11 @@ struct GroupQueryAttentionKernel {
 #endif
       return;
     }
-    // Where each batch row's new tokens go: positions past .. past + S - 1 of the cache, past =
-    // seqlens_k + 1 - S. Checked here, before anything is written.
-    for (int64_t b = 0; b < d.B; ++b) {
-      const int64_t seqlen = p.seqlens_k[b];
-      const int64_t past = seqlen + 1 - d.S;
-      if (seqlen < 0 || past < 0)
-        Fail(where_, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) + " but the call has " +
-                         std::to_string(d.S) + " tokens: seqlens_k + 1 (the total length) must be at least S "
-                         "(padded batch rows are not supported)");
-      if (past + d.S > present_len)
-        Fail(where_, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) +
-                         " puts the call's tokens past the end of the KV cache (length " +
-                         std::to_string(present_len) + ")");
-      if (!p.share_buffer && past > d.P)
-        Fail(where_, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) + " asks for " +
-                         std::to_string(past) + " past positions but past_key holds " + std::to_string(d.P));
-    }
-
-    GroupQueryAttentionCpu(
-        p,
-        [](void* c, void (*fn)(void*, size_t), size_t n, void* user) {
-          static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, n, 0, user);
-        },
-        &ctx);
+    RunGqaCpu(ctx, p);
   }
 
   std::string where_;
-  Attrs attrs_;
+  GqaAttrs attrs_;
   FloatType type_;
 };
 
@@ -249,6 +151,111 @@ struct GroupQueryAttentionOp
 };
 
 }  // namespace
+
+GqaAttrs ReadGqaAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
+  GqaAttrs a;
+  a.num_heads = IntAttr(info, where, "num_heads", 1, kMaxHeads);
+  a.kv_num_heads = IntAttr(info, where, "kv_num_heads", 1, kMaxHeads);
+  if (a.num_heads % a.kv_num_heads != 0)
+    Fail(where, "num_heads (" + std::to_string(a.num_heads) + ") must be a multiple of kv_num_heads (" +
+                    std::to_string(a.kv_num_heads) + ")");
+  a.scale = FloatAttr(info, where, "scale", 0.f, -INFINITY);  // 0: 1 / sqrt(head_size), as ORT
+  a.softcap = FloatAttr(info, where, "softcap", 0.f, 0.f);
+  a.local_window = IntAttr(info, where, "local_window_size", -1, kMaxLength, -1);
+  if (a.local_window == 0) Fail(where, "attribute local_window_size must be -1 (no window) or > 0, got 0");
+  a.smooth_softmax = IntAttr(info, where, "smooth_softmax", 0, 1, 0) == 1;
+  // Rotary inside the op is not computed here: the builder applies MRoPE before the node.
+  if (IntAttr(info, where, "do_rotary", 0, 1, 0) != 0)
+    Fail(where, "do_rotary=1 is not supported (apply rotary embeddings before the node)", ORT_NOT_IMPLEMENTED);
+  IntAttr(info, where, "rotary_interleaved", 0, 1, 0);  // meaningful only with do_rotary
+  return a;
+}
+
+void GqaInputs::Set(int i, const Ort::ConstValue& v) {
+  desc[i] = Describe(v);
+  data[i] = desc[i].present ? v.GetTensorRawData() : nullptr;
+}
+
+GroupQueryAttentionProblem PrepareGqa(Ort::KernelContext& ctx, const std::string& where, const GqaAttrs& at,
+                                      FloatType type, const GqaInputs& in, bool cuda) {
+  const Dims d = CheckInputs(where, at, type, in.desc);
+  const int64_t total = static_cast<const int32_t*>(in.data[kTotalSeqLen])[0];  // a CPU input on both EPs
+  if (total < 1) Fail(where, "total_sequence_length must be >= 1, got " + std::to_string(total));
+  const int64_t present_len = std::max(total, d.P);  // ORT's present length
+
+  const std::vector<int64_t> out_shape = {d.B, d.S, at.num_heads * d.H};
+  const std::vector<int64_t> kv_shape = {d.B, at.kv_num_heads, present_len, d.H};
+  Ort::UnownedValue out = ctx.GetOutput(kOut, out_shape);
+  Ort::UnownedValue present_k = ctx.GetOutput(kPresentKey, kv_shape);
+  Ort::UnownedValue present_v = ctx.GetOutput(kPresentValue, kv_shape);
+  const std::vector<int64_t>* shapes[kOutputCount] = {&out_shape, &kv_shape, &kv_shape};
+  const Ort::UnownedValue* outs[kOutputCount] = {&out, &present_k, &present_v};
+  for (int i = 0; i < kOutputCount; ++i)
+    CheckOutput(where, std::string("output ") + kOutputNames[i], *outs[i], OnnxType(type), *shapes[i]);
+
+  GroupQueryAttentionProblem p;
+  p.batch = d.B;
+  p.seq = d.S;
+  p.num_heads = at.num_heads;
+  p.kv_num_heads = at.kv_num_heads;
+  p.head_size = d.H;
+  p.past_len = d.P;
+  p.present_len = present_len;
+  p.scale = at.scale != 0.f ? at.scale : 1.f / std::sqrt(static_cast<float>(d.H));
+  p.softcap = at.softcap;
+  p.local_window = at.local_window;
+  p.smooth_softmax = at.smooth_softmax;
+  p.type = type;
+  p.query = in.data[kQuery];
+  p.key = in.data[kKey];
+  p.value = in.data[kValue];
+  p.past_key = in.data[kPastKey];
+  p.past_value = in.data[kPastValue];
+  p.seqlens_k = static_cast<const int32_t*>(in.data[kSeqlensK]);
+  if (d.B == 0) {
+    p.batch = 0;
+    return p;
+  }
+  p.output = out.GetTensorMutableRawData();
+  p.present_key = present_k.GetTensorMutableRawData();
+  p.present_value = present_v.GetTensorMutableRawData();
+  const bool key_shared = p.present_key == p.past_key, value_shared = p.present_value == p.past_value;
+  if (key_shared != value_shared)
+    Fail(where, "present_key shares past_key's buffer but present_value does not share past_value's (or the "
+                "other way round): bind both or neither");
+  p.share_buffer = key_shared;
+  if (p.share_buffer && present_len != d.P)
+    Fail(where, "present_key shares past_key's buffer, but total_sequence_length " + std::to_string(total) +
+                    " exceeds its length " + std::to_string(d.P));
+  if (cuda) return p;  // seqlens_k is on the device: the CUDA kernel checks the positions there
+  // Where each batch row's new tokens go: positions past .. past + S - 1 of the cache, past =
+  // seqlens_k + 1 - S. Checked here, before anything is written.
+  for (int64_t b = 0; b < d.B; ++b) {
+    const int64_t seqlen = p.seqlens_k[b];
+    const int64_t past = seqlen + 1 - d.S;
+    if (seqlen < 0 || past < 0)
+      Fail(where, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) + " but the call has " +
+                      std::to_string(d.S) + " tokens: seqlens_k + 1 (the total length) must be at least S "
+                      "(padded batch rows are not supported)");
+    if (past + d.S > present_len)
+      Fail(where, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) +
+                      " puts the call's tokens past the end of the KV cache (length " + std::to_string(present_len) +
+                      ")");
+    if (!p.share_buffer && past > d.P)
+      Fail(where, "seqlens_k[" + std::to_string(b) + "] = " + std::to_string(seqlen) + " asks for " +
+                      std::to_string(past) + " past positions but past_key holds " + std::to_string(d.P));
+  }
+  return p;
+}
+
+void RunGqaCpu(Ort::KernelContext& ctx, const GroupQueryAttentionProblem& p) {
+  GroupQueryAttentionCpu(
+      p,
+      [](void* c, void (*fn)(void*, size_t), size_t n, void* user) {
+        static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, n, 0, user);
+      },
+      &ctx);
+}
 
 // The CPU classes always; the CUDA classes in a CUDA build unless ORT_MTP_GQA_CUDA=0 (then CUDA models keep
 // ORT's node: the rewrite asks the library which kernels it has, ops/attention.py). The CUDA kernel passes

@@ -132,6 +132,18 @@ int64_t IntAttr(const Ort::ConstKernelInfo& info, const std::string& where, cons
   return value;
 }
 
+std::vector<int64_t> IntsAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name) {
+  const OrtApi& api = Ort::GetApi();
+  size_t size = 0;
+  if (!Ort::Status{api.KernelInfoGetAttributeArray_int64(info, name, nullptr, &size)}.IsOK()) {
+    if (HasAttribute(info, name)) Fail(where, std::string("attribute '") + name + "' must be a list of ints");
+    Fail(where, std::string("missing required attribute '") + name + "' (a list of ints)");
+  }
+  std::vector<int64_t> values(size);
+  if (size > 0) Ort::ThrowOnError(api.KernelInfoGetAttributeArray_int64(info, name, values.data(), &size));
+  return values;
+}
+
 std::string StringAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name,
                        const std::string& fallback) {
   const OrtApi& api = Ort::GetApi();

@@ -61,6 +61,8 @@ bool HasAttribute(const Ort::ConstKernelInfo& info, const char* name);
 constexpr int64_t kRequired = INT64_MIN;
 int64_t IntAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name, int64_t lo, int64_t hi,
                 int64_t fallback = kRequired);
+// The required list-of-ints attribute `name`.
+std::vector<int64_t> IntsAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name);
 // The string attribute `name`; absent: `fallback`.
 std::string StringAttr(const Ort::ConstKernelInfo& info, const std::string& where, const char* name,
                        const std::string& fallback);
