@@ -1,8 +1,9 @@
 """A Qwen3.5 gated full-attention mixer -> one ort_mtp::GatedAttention node (csrc/attention/gated_attention.cc
 has its arithmetic), where the library runs it (the CPU EP).
 
-The mixer, as onnxruntime-genai's builder emits it for a float32 (CPU) folder and models/graph.py emits
-it node for node, from qkv_proj's output to o_proj's input:
+The mixer, as onnxruntime-genai's builder emits it and models/graph.py emits it node for node, from
+qkv_proj's output to o_proj's input (a 16-bit folder runs each MRotaryEmbedding in float32 between a
+Cast to float and a Cast back, which the rule's second form takes):
 
     qkv -> Split(axis -1, [2 Nq H, Nkv H, Nkv H]) -> q_gate, k, v
     q_gate -> Reshape([0, 0, Nq, 2 H]) -> Split(axis -1, [H, H]) -> Reshape([0, 0, Nq H]) each -> q, gate
@@ -19,9 +20,10 @@ still do not depend on the forward's width. Its arithmetic is its own (double pe
 node of the graph writes a tensor), so its output may differ from the sixteen nodes' by float32
 rounding. A mixer that differs in anything the op does not compute (another split or reshape, norms
 with different epsilons or over another axis, interleaved or scaled rotary, the two rotaries not
-sharing positions and caches, casts around the rotary as in float16 folders, a value inside the block
-read outside it, a type the library has no kernel for on the model's provider) is kept as it is and
-reported with the reason. Candidates are ort_mtp::GroupQueryAttention nodes.
+sharing positions and caches, casts to anything but float32 and back, a value inside the block read
+outside it, a type the library has no kernel for on the model's provider: on CUDA unless the library
+registers its CUDA kernel, ORT_MTP_GATED_ATTENTION_CUDA=1) is kept as it is and reported with the
+reason. Candidates are ort_mtp::GroupQueryAttention nodes.
 """
 
 from __future__ import annotations
@@ -178,8 +180,8 @@ def model(cfg: GatedAttentionConfig, node_name: str = "/model/layers.3/attn/Gate
 
 
 def builder_model(cfg: GatedAttentionConfig, gqa_domain: str = DOMAIN, base: str = "/model/layers.3/attn"):
-    """The same mixer as the builder's nodes (module docstring), graph inputs and outputs as model()'s:
-    what the rewrite fuses, and the sixteen nodes the op is checked against."""
+    """The same mixer as the builder's nodes (module docstring; float16: the rotary between casts), graph
+    inputs and outputs as model()'s: what the rewrite fuses, and the nodes the op is checked against."""
     from onnx import TensorProto, helper, numpy_helper
 
     t = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[cfg.dtype]
@@ -201,7 +203,9 @@ def builder_model(cfg: GatedAttentionConfig, gqa_domain: str = DOMAIN, base: str
     ]
     rope = {"interleaved": 0, "rotary_embedding_dim": cfg.rotary_dim, "mrope_section": list(cfg.mrope_section),
             "mrope_layout": cfg.mrope_layout, "is_packed_batching": 0}
+    cast = t != TensorProto.FLOAT  # the rotary in float32 between casts, as the builder writes 16-bit graphs
     for which, src, heads in (("q", "q", Nq), ("k", "k", Nkv)):
+        rope_in, rope_out = (f"{which}_norm_f", f"{which}_rot_f") if cast else (f"{which}_norm", f"{which}_rot")
         nodes += [
             helper.make_node("Reshape", [src, const(f"{which}_flat", [0, -1, H])], [f"{which}_flat"],
                              name=f"{base}/{which}_norm/Reshape_1"),
@@ -210,10 +214,16 @@ def builder_model(cfg: GatedAttentionConfig, gqa_domain: str = DOMAIN, base: str
                              epsilon=float(cfg.epsilon), axis=-1, stash_type=1),
             helper.make_node("Reshape", [f"{which}_normed", const(f"{which}_unflat", [0, -1, heads * H])],
                              [f"{which}_norm"], name=f"{base}/{which}_norm/Reshape_2"),
-            helper.make_node("MRotaryEmbedding", [f"{which}_norm", "position_ids", "cos_cache", "sin_cache"],
-                             [f"{which}_rot"], name=f"{base}/{which}_rotary/MRotaryEmbedding", domain=MS,
-                             num_heads=heads, **rope),
         ]
+        if cast:
+            nodes.append(helper.make_node("Cast", [f"{which}_norm"], [rope_in], name=f"{base}/{which}_rotary/Cast_in",
+                                          to=TensorProto.FLOAT))
+        nodes.append(helper.make_node("MRotaryEmbedding", [rope_in, "position_ids", "cos_cache", "sin_cache"],
+                                      [rope_out], name=f"{base}/{which}_rotary/MRotaryEmbedding", domain=MS,
+                                      num_heads=heads, **rope))
+        if cast:
+            nodes.append(helper.make_node("Cast", [rope_out], [f"{which}_rot"], name=f"{base}/{which}_rotary/Cast_out",
+                                          to=t))
     gqa_attrs = {"num_heads": Nq, "kv_num_heads": Nkv, "scale": float(cfg.scale)}
     nodes += [
         helper.make_node(GQA, ["q_rot", "k_rot", "v", "past_key", "past_value", "seqlens_k", "total_sequence_length"],
@@ -223,7 +233,8 @@ def builder_model(cfg: GatedAttentionConfig, gqa_domain: str = DOMAIN, base: str
         helper.make_node("Mul", ["attn", "gate_sig"], ["output"], name=f"{base}/gate/Mul"),
     ]
     known = {vi.name for vi in inputs + outputs}
-    value_info = [helper.make_tensor_value_info(o, t, None) for node in nodes for o in node.output if o not in known]
+    value_info = [helper.make_tensor_value_info(o, TensorProto.FLOAT if o.endswith("_f") else t, None)
+                  for node in nodes for o in node.output if o not in known]
     graph = helper.make_graph(nodes, "gated_attention_nodes", inputs, outputs, initializer=inits, value_info=value_info)
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid(MS, 1), helper.make_opsetid(DOMAIN, 1)]
     return helper.make_model(graph, ir_version=10, opset_imports=opsets)
@@ -233,9 +244,9 @@ def builder_model(cfg: GatedAttentionConfig, gqa_domain: str = DOMAIN, base: str
 # The rewrite
 
 
-def _pattern(op, qkv, qkv_sizes, qg_shape, qg_sizes, q_shape, g_shape, q_flat_shape, q_norm_weight, q_unflat_shape,
-             k_flat_shape, k_norm_weight, k_unflat_shape, position_ids, cos_cache, sin_cache, past_key, past_value,
-             seqlens_k, total_sequence_length):
+def _mixer(op, cast, qkv, qkv_sizes, qg_shape, qg_sizes, q_shape, g_shape, q_flat_shape, q_norm_weight,
+           q_unflat_shape, k_flat_shape, k_norm_weight, k_unflat_shape, position_ids, cos_cache, sin_cache, past_key,
+           past_value, seqlens_k, total_sequence_length):
     q_gate, k, v = op.Split(qkv, qkv_sizes, _outputs=["q_gate", "k", "v"])
     q4, g4 = op.Split(op.Reshape(q_gate, qg_shape, _outputs=["qg"]), qg_sizes, _outputs=["q4", "g4"])
     q = op.Reshape(q4, q_shape, _outputs=["q"])
@@ -246,13 +257,35 @@ def _pattern(op, qkv, qkv_sizes, qg_shape, qg_sizes, q_shape, g_shape, q_flat_sh
         normed = op.SimplifiedLayerNormalization(op.Reshape(x, flat, _outputs=[f"{which}_flat"]), weight,
                                                  _outputs=[f"{which}_normed"])
         unflat_value = op.Reshape(normed, unflat, _outputs=[f"{which}_norm"])
-        rotated[which] = op.MRotaryEmbedding(unflat_value, position_ids, cos_cache, sin_cache, _domain=MS,
-                                             _outputs=[f"{which}_rot"])
+        if cast:  # a 16-bit graph runs the rotary in float32 between two casts (models/graph.py, the builder)
+            rope_in = op.Cast(unflat_value, _outputs=[f"{which}_cast_in"])
+            rope = op.MRotaryEmbedding(rope_in, position_ids, cos_cache, sin_cache, _domain=MS,
+                                       _outputs=[f"{which}_rope"])
+            rotated[which] = op.Cast(rope, _outputs=[f"{which}_rot"])
+        else:
+            rotated[which] = op.MRotaryEmbedding(unflat_value, position_ids, cos_cache, sin_cache, _domain=MS,
+                                                 _outputs=[f"{which}_rot"])
     attn, present_key, present_value = op.GroupQueryAttention(
         rotated["q"], rotated["k"], v, past_key, past_value, seqlens_k, total_sequence_length, _domain=DOMAIN,
         _outputs=["attn", "present_key", "present_value"])
     y = op.Mul(attn, op.Sigmoid(gate, _outputs=["gate_sig"]), _outputs=["y"])
     return y, present_key, present_value
+
+
+def _pattern(op, qkv, qkv_sizes, qg_shape, qg_sizes, q_shape, g_shape, q_flat_shape, q_norm_weight, q_unflat_shape,
+             k_flat_shape, k_norm_weight, k_unflat_shape, position_ids, cos_cache, sin_cache, past_key, past_value,
+             seqlens_k, total_sequence_length):
+    return _mixer(op, False, qkv, qkv_sizes, qg_shape, qg_sizes, q_shape, g_shape, q_flat_shape, q_norm_weight,
+                  q_unflat_shape, k_flat_shape, k_norm_weight, k_unflat_shape, position_ids, cos_cache, sin_cache,
+                  past_key, past_value, seqlens_k, total_sequence_length)
+
+
+def _pattern_cast(op, qkv, qkv_sizes, qg_shape, qg_sizes, q_shape, g_shape, q_flat_shape, q_norm_weight,
+                  q_unflat_shape, k_flat_shape, k_norm_weight, k_unflat_shape, position_ids, cos_cache, sin_cache,
+                  past_key, past_value, seqlens_k, total_sequence_length):
+    return _mixer(op, True, qkv, qkv_sizes, qg_shape, qg_sizes, q_shape, g_shape, q_flat_shape, q_norm_weight,
+                  q_unflat_shape, k_flat_shape, k_norm_weight, k_unflat_shape, position_ids, cos_cache, sin_cache,
+                  past_key, past_value, seqlens_k, total_sequence_length)
 
 
 class GatedAttentionRewrite(Rewrite):
@@ -267,7 +300,9 @@ class GatedAttentionRewrite(Rewrite):
 
     def rules(self) -> list[RewriteRule]:
         # commute: the gate's Mul either way round
-        return RewriteRule(_pattern, self._replacement, self._check, name="GatedAttentionMixer").commute()
+        plain = RewriteRule(_pattern, self._replacement, self._check, name="GatedAttentionMixer")
+        cast = RewriteRule(_pattern_cast, self._replacement, self._check, name="GatedAttentionMixerRotaryCast")
+        return [*plain.commute(), *cast.commute()]
 
     def is_candidate(self, node: ir.Node) -> bool:
         return node.op_type == GQA and node.domain == DOMAIN
@@ -283,6 +318,11 @@ class GatedAttentionRewrite(Rewrite):
     def _check(self, context, **v) -> bool:
         n = {key: v[key].producer() for key in ("q_gate", "qg", "q4", "q", "gate", "q_flat", "q_normed", "q_norm",
                                                  "q_rot", "k_flat", "k_normed", "k_norm", "k_rot", "attn")}
+        for which in ("q", "k"):  # the MRotaryEmbedding node, and the casts around it where there are some
+            rope = v.get(f"{which}_rope")
+            n[f"{which}_casts"] = (v[f"{which}_cast_in"].producer(), n[f"{which}_rot"]) if rope is not None else ()
+            if rope is not None:
+                n[f"{which}_rot"] = rope.producer()
         gqa = n["attn"]
         self.require_selected(gqa)
         self._planned[context.root] = self._attributes(n, v)
@@ -369,10 +409,16 @@ class GatedAttentionRewrite(Rewrite):
             raise PatternMismatch(split, f"qkv has type {dtype}, not float32, float16 or bfloat16")
         for key in ("cos_cache", "sin_cache"):
             if v[key].dtype not in (None, ir.DataType.FLOAT):
-                raise PatternMismatch(n["q_rot"], f"{key} ({v[key].name}) is {v[key].dtype}, not float32 (a float16 "
-                                                  "graph's rotary runs between casts, which is not fused)")
-        if n["q_rot"].inputs[0].dtype not in (None, dtype):
-            raise PatternMismatch(n["q_rot"], "the rotary runs in another type than qkv's (casts around it)")
+                raise PatternMismatch(n["q_rot"], f"{key} ({v[key].name}) is {v[key].dtype}, not float32")
+        for which in ("q", "k"):
+            casts = n[f"{which}_casts"]
+            if casts:
+                cast_in, cast_out = casts
+                if attribute(cast_in, "to") != ir.DataType.FLOAT or attribute(cast_out, "to") != dtype:
+                    raise PatternMismatch(cast_in, f"the casts around the rotary are not to float32 and back to "
+                                                   f"qkv's {_TYPES[dtype]}")
+            elif n[f"{which}_rot"].inputs[0].dtype not in (None, dtype):
+                raise PatternMismatch(n[f"{which}_rot"], "the rotary runs in another type than qkv's")
         if self.available is not None:
             problem = self.available(dtype)
             if problem:

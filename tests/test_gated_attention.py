@@ -117,6 +117,29 @@ def test_the_rewrite_fuses_the_builders_nodes(commuted, library_path):
         _close(got, np.asarray(want, np.float64), "float32", "rewritten vs nodes")
 
 
+def test_the_rewrite_fuses_a_16_bit_mixer_with_casts_around_the_rotary(library_path):
+    """A float16 graph runs each rotary in float32 between casts (twenty nodes): fused too, and the one
+    node computes what they do within float16 rounding (the op rounds where the casts round)."""
+    cfg = ga.GatedAttentionConfig(dtype="float16")
+    model = ga.builder_model(cfg)
+    assert sum(n.op_type == "Cast" for n in model.graph.node) == 4
+    original = onnx.ModelProto.FromString(model.SerializeToString())
+    report = rewrite_model_report(model, rewrites=[GATED_ATTENTION], gated_attention=gated_attention_check())
+    assert len(report.gated_attention.rewritten) == 1 and [n.op_type for n in model.graph.node] == ["GatedAttention"]
+    feed = ga.random_case(np.random.default_rng(6), cfg, batch=1, seq=3, past=4, buffer=9)
+    for got, want in zip(_session(library_path, model).run(None, feed), _session(library_path, original).run(None, feed)):
+        _close(got, np.asarray(want, np.float64), "float16", "rewritten vs nodes")
+
+
+def test_casts_to_another_type_are_kept():
+    model = ga.builder_model(ga.GatedAttentionConfig(dtype="float16"))
+    cast = next(n for n in model.graph.node if n.name.endswith("k_rotary/Cast_in"))
+    cast.attribute[0].i = onnx.TensorProto.DOUBLE
+    report = rewrite_model_report(model, rewrites=[GATED_ATTENTION], gated_attention=gated_attention_check())
+    assert report.gated_attention.rewritten == []
+    assert "casts around the rotary are not to float32" in report.gated_attention.kept[0][1]
+
+
 def _edit(model, name, **attrs):
     node = next(n for n in model.graph.node if n.name.endswith(name))
     for key, value in attrs.items():

@@ -16,14 +16,19 @@
 //
 // Every check runs on every call (shapes, types, position ids against the cos/sin caches, seqlens_k
 // against the KV cache), so no model or input makes the kernel read or write out of bounds; each failure
-// is an ORT error naming the node. CPU EP only: on CUDA the rewrite keeps the builder's nodes.
+// is an ORT error naming the node. On CUDA (gated_attention_cuda.cu) position ids and seqlens_k live on
+// the device and are checked there (NaN rows instead of an error); that kernel has not been run on a GPU
+// yet, so it is registered only with ORT_MTP_GATED_ATTENTION_CUDA=1, and without it CUDA models keep the
+// builder's nodes (the rewrite asks the library).
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "attention/gated_attention.h"
 #include "attention/gqa_node.h"
 #include "common/cpu_numeric.h"
 #include "common/validate.h"
@@ -157,7 +162,7 @@ struct Kernel {
 };
 
 struct GatedAttentionKernel {
-  GatedAttentionKernel(const OrtKernelInfo* raw_info, FloatType type) : type_(type) {
+  GatedAttentionKernel(const OrtKernelInfo* raw_info, FloatType type, bool cuda) : type_(type), cuda_(cuda) {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
     attrs_ = ReadAttrs(info, where_);
@@ -231,6 +236,10 @@ struct GatedAttentionKernel {
     }
     const Shape d = CheckInputs(in);
     const int64_t* positions = values[kPositionIds].GetTensorData<int64_t>();
+    if (cuda_) {
+      ComputeCuda(ctx, values, d);
+      return;
+    }
     for (int64_t i = 0; i < 3 * d.B * d.S; ++i)
       if (positions[i] < 0 || positions[i] >= d.max_pos)
         Fail(where_, "position_ids holds " + std::to_string(positions[i]) + " (stream " + std::to_string(i / (d.B * d.S)) +
@@ -273,18 +282,52 @@ struct GatedAttentionKernel {
     }
   }
 
+  // The CUDA path: the same checks of shapes and of the attention's inputs, then the kernel.
+  void ComputeCuda(Ort::KernelContext& ctx, const std::array<Ort::ConstValue, kInputCount>& values, const Shape& d) {
+    GqaInputs gqa;
+    const ONNXTensorElementDataType t = OnnxType(type_);
+    const int64_t Nq = attrs_.gqa.num_heads, Nkv = attrs_.gqa.kv_num_heads;
+    gqa.desc[0] = {true, {d.B, d.S, Nq * d.H}, t};
+    gqa.desc[1] = gqa.desc[2] = {true, {d.B, d.S, Nkv * d.H}, t};
+    for (int i = 3; i < kGqaInputCount; ++i) gqa.Set(i, values[kPastKey + i - 3]);
+    GatedAttentionProblem p;
+    p.gqa = PrepareGqa(ctx, where_, attrs_.gqa, type_, gqa, true);
+    if (p.gqa.batch == 0) return;
+#ifdef ORT_MTP_WITH_CUDA
+    p.qkv = values[kQkv].GetTensorRawData();
+    p.position_ids = values[kPositionIds].GetTensorData<int64_t>();
+    p.cos_cache = values[kCosCache].GetTensorData<float>();
+    p.sin_cache = values[kSinCache].GetTensorData<float>();
+    p.q_norm_weight = values[kQNormWeight].GetTensorRawData();
+    p.k_norm_weight = values[kKNormWeight].GetTensorRawData();
+    p.rotary_dim = d.rot;
+    p.max_position = d.max_pos;
+    for (int i = 0; i < 3; ++i) p.mrope_section[i] = attrs_.mrope_section[i];
+    p.mrope_layout = static_cast<int>(attrs_.mrope_layout);
+    p.epsilon = attrs_.epsilon;
+    if (const char* error = GatedAttentionCuda(p, ctx.GetGPUComputeStream())) Fail(where_, error, ORT_FAIL);
+#else
+    Fail(where_, "this library was built without CUDA kernels", ORT_NOT_IMPLEMENTED);
+#endif
+  }
+
   std::string where_;
   Attrs attrs_;
   FloatType type_;
+  bool cuda_;
 };
 
-template <FloatType kType>
-struct GatedAttentionOp : Ort::CustomOpBase<GatedAttentionOp<kType>, GatedAttentionKernel, true> {
+template <FloatType kType, bool kCuda>
+struct GatedAttentionOp : Ort::CustomOpBase<GatedAttentionOp<kType, kCuda>, GatedAttentionKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
-    return Guard(kOpName, [&] { *kernel = new GatedAttentionKernel(info, kType); });
+    return Guard(kOpName, [&] { *kernel = new GatedAttentionKernel(info, kType, kCuda); });
   }
   const char* GetName() const { return kOpName; }
-  const char* GetExecutionProviderType() const { return "CPUExecutionProvider"; }
+  const char* GetExecutionProviderType() const { return kCuda ? "CUDAExecutionProvider" : "CPUExecutionProvider"; }
+  // total_sequence_length sizes present, so the host reads it (as GroupQueryAttention's).
+  OrtMemType GetInputMemoryType(size_t index) const {
+    return index == kTotalSeqLen ? OrtMemTypeCPUInput : OrtMemTypeDefault;
+  }
   size_t GetInputTypeCount() const { return kInputCount; }
   ONNXTensorElementDataType GetInputType(size_t index) const {
     switch (index) {
@@ -304,14 +347,29 @@ struct GatedAttentionOp : Ort::CustomOpBase<GatedAttentionOp<kType>, GatedAttent
 
 }  // namespace
 
+// The CPU classes always; the CUDA classes in a CUDA build with ORT_MTP_GATED_ATTENTION_CUDA=1 only, until
+// the kernel has passed its GPU group (tests/gpu, gated-attention). Without them CUDA models keep the
+// builder's nodes: the rewrite asks the library which kernels it has (ops/gated_attention.py).
 void AddGatedAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  (void)with_cuda;  // no CUDA kernel: CUDA models keep the builder's nodes (ops/gated_attention.py asks)
-  static GatedAttentionOp<FloatType::kFloat32> cpu_f32;
-  static GatedAttentionOp<FloatType::kFloat16> cpu_f16;
-  static GatedAttentionOp<FloatType::kBFloat16> cpu_bf16;
+  static GatedAttentionOp<FloatType::kFloat32, false> cpu_f32;
+  static GatedAttentionOp<FloatType::kFloat16, false> cpu_f16;
+  static GatedAttentionOp<FloatType::kBFloat16, false> cpu_bf16;
   domain.Add(&cpu_f32);
   domain.Add(&cpu_f16);
   domain.Add(&cpu_bf16);
+#ifdef ORT_MTP_WITH_CUDA
+  const char* choice = std::getenv("ORT_MTP_GATED_ATTENTION_CUDA");
+  if (with_cuda && choice != nullptr && std::string(choice) == "1") {
+    static GatedAttentionOp<FloatType::kFloat32, true> cuda_f32;
+    static GatedAttentionOp<FloatType::kFloat16, true> cuda_f16;
+    static GatedAttentionOp<FloatType::kBFloat16, true> cuda_bf16;
+    domain.Add(&cuda_f32);
+    domain.Add(&cuda_f16);
+    domain.Add(&cuda_bf16);
+  }
+#else
+  (void)with_cuda;
+#endif
 }
 
 }  // namespace ort_mtp

@@ -63,6 +63,12 @@ void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, GqaParallelFor 
 const char* GroupQueryAttentionCuda(const GroupQueryAttentionProblem& p, void* stream);
 // nullptr when the CUDA kernel takes this head size (1..256), else why not.
 const char* GroupQueryAttentionCudaUnsupported(int64_t head_size);
+// A device buffer of at least `bytes` for (stream, slot), kept across calls (group_query_attention_cuda.cu
+// says when it grows); nullptr on success, else what failed. Slots: the attention's partials, and
+// GatedAttention's query, key and value.
+constexpr int kScratchGqaPartials = 0;
+constexpr int kScratchGatedQkv = 1;
+const char* StreamScratch(void* stream, int slot, size_t bytes, void** out);
 #endif
 
 }  // namespace ort_mtp

@@ -1,6 +1,6 @@
 // CUDA kernel of GroupQueryAttention (group_query_attention.h has the semantics): 1 + 2 x ceil(S / 16)
 // launches on the session's stream, no host synchronisation, capturable in a CUDA graph; the partials'
-// scratch is allocated once per stream (ScratchFor), never per call.
+// scratch is allocated once per stream (StreamScratch), never per call.
 //
 // FillKernel: the cache. One block per (batch, kv head, cache row it writes): with present bound to
 // past's buffer, only the call's S new rows (positions past .. past + S - 1); otherwise every row of
@@ -616,38 +616,45 @@ const char* Launch(const GroupQueryAttentionProblem& p, const GqaParams& prm, fl
   }
 }
 
-// The partials' scratch, one per stream (the op's calls on one stream run one after another, so every
-// layer of a session shares it). A buffer that is outgrown is kept, not freed: a CUDA graph captured
-// earlier may still hold its address. It only grows outside a capture (the CUDA EP runs a graph's shapes
-// once before capturing them); a capture that would need a larger one is refused with an error.
+}  // namespace
+
+// Scratch buffers, one per (stream, slot) (the ops' calls on one stream run one after another, so every
+// layer of a session shares each slot). A buffer that is outgrown is kept, not freed: a CUDA graph
+// captured earlier may still hold its address. It only grows outside a capture (the CUDA EP runs a
+// graph's shapes once before capturing them); a capture that would need a larger one is refused with an
+// error.
+namespace {
 struct Scratch {
   void* ptr = nullptr;
   size_t bytes = 0;
 };
 std::mutex scratch_mutex;
-std::map<cudaStream_t, Scratch>& ScratchByStream() {
-  static auto* by_stream = new std::map<cudaStream_t, Scratch>();  // never destroyed: see above
+std::map<std::pair<cudaStream_t, int>, Scratch>& ScratchByStream() {
+  static auto* by_stream = new std::map<std::pair<cudaStream_t, int>, Scratch>();  // never destroyed: see above
   return *by_stream;
 }
+}  // namespace
 
-const char* ScratchFor(cudaStream_t stream, size_t bytes, float** out) {
+const char* StreamScratch(void* stream, int slot, size_t bytes, void** out) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
   std::lock_guard<std::mutex> lock(scratch_mutex);
-  Scratch& s = ScratchByStream()[stream];
-  if (s.bytes < bytes) {
+  Scratch& buf = ScratchByStream()[{s, slot}];
+  if (buf.bytes < bytes) {
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
+    if (cudaStreamIsCapturing(s, &capture) != cudaSuccess || capture != cudaStreamCaptureStatusNone)
       return "the attention's scratch must grow during a CUDA graph capture: run the same shapes once "
              "before capturing";
-    const size_t grown = bytes > 2 * s.bytes ? bytes : 2 * s.bytes;
+    const size_t grown = bytes > 2 * buf.bytes ? bytes : 2 * buf.bytes;
     void* ptr = nullptr;
     if (const cudaError_t err = cudaMalloc(&ptr, grown); err != cudaSuccess) return cudaGetErrorString(err);
-    s.ptr = ptr;  // the old buffer is kept (see above)
-    s.bytes = grown;
+    buf.ptr = ptr;  // the old buffer is kept (see above)
+    buf.bytes = grown;
   }
-  *out = static_cast<float*>(s.ptr);
+  *out = buf.ptr;
   return nullptr;
 }
 
+namespace {
 }  // namespace
 
 const char* GroupQueryAttentionCudaUnsupported(int64_t head_size) {
@@ -684,8 +691,11 @@ const char* GroupQueryAttentionCuda(const GroupQueryAttentionProblem& p, void* s
   prm.smooth_softmax = p.smooth_softmax;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const size_t slots = static_cast<size_t>(p.batch * p.num_heads * kRowsPerPass * ChunksFor(p.present_len));
-  float* scratch = nullptr;
-  if (const char* why = ScratchFor(s, slots * (2 + 32 * FragFor(p.head_size)) * sizeof(float), &scratch)) return why;
+  void* scratch_ptr = nullptr;
+  if (const char* why = StreamScratch(s, kScratchGqaPartials, slots * (2 + 32 * FragFor(p.head_size)) * sizeof(float),
+                                      &scratch_ptr))
+    return why;
+  float* scratch = static_cast<float*>(scratch_ptr);
   switch (p.type) {
     case FloatType::kFloat32: return Launch<float>(p, prm, scratch, s);
     case FloatType::kFloat16: return Launch<__half>(p, prm, scratch, s);

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 
 import cases_copy_slots
 import cases_float_matmul
+import cases_gated_attention
 import cases_fuzz
 import cases_gated_delta_net
 import cases_group_query_attention
@@ -77,6 +78,14 @@ GROUP_QUERY_ATTENTION = [
           "buffer, bad seqlens_k", cases_group_query_attention.check_group_query_attention),
 ]
 
+# Registered only with ORT_MTP_GATED_ATTENTION_CUDA=1 until this group has passed on a GPU (the .cc says so).
+GATED_ATTENTION = [
+    Group("gated-attention", "GatedAttention: CUDA against our CPU op (27B-class layer at S = 1, 5, 16 and a "
+          "prompt, the presets' shapes, fp16/bf16/fp32, both MRoPE layouts), width S bit-identical to S width-1 "
+          "calls, a bad position", cases_gated_attention.check_gated_attention,
+          {"ORT_MTP_GATED_ATTENTION_CUDA": "1"}),
+]
+
 FLOAT_MATMUL = [
     Group("float-matmul", "MatMul (a/b projections): CUDA against our CPU op (27B-class K=5120 N=48 at M=1..16 "
           "and 2048, odd N and K, fp16/bf16/fp32, random shapes), rows bit-identical to 1-row calls, CUDA graph",
@@ -89,5 +98,6 @@ OP_FUZZ = [
     for seed in cases_fuzz.SEEDS
 ]
 
-GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + GROUP_QUERY_ATTENTION + FLOAT_MATMUL
+GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + GROUP_QUERY_ATTENTION
+          + GATED_ATTENTION + FLOAT_MATMUL
           + OP_FUZZ}

@@ -139,7 +139,8 @@ class Context:
         return self.device.name == "cuda"
 
 
-ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GDN_COLS", "ORT_MTP_GQA_CUDA")  # read once per process by the library
+ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GDN_COLS", "ORT_MTP_GQA_CUDA",
+            "ORT_MTP_GATED_ATTENTION_CUDA")  # read once per process by the library
 
 
 def kernel_env() -> dict:
