@@ -157,11 +157,11 @@ bool IsMatrix(const std::vector<int64_t>& shape, int64_t rows, int64_t cols) {
 
 // Fills the layout fields of `p` from the attributes and validates what is known in `w`.
 // `set` is 1 or 2 (inputs B, scales, ... or B2, scales2, ...: messages name them; set 2 has N2 columns).
+// It runs on every call, so the messages' strings are only built on the way to a failure.
 void CheckWeights(const std::string& where, const Attrs& at, ElemType type, const WeightInfo& w,
                   MatMulNBitsProblem& p, int set = 1) {
-  const std::string sfx = set == 1 ? "" : "2";
-  const std::string in_b = "input B" + sfx, in_scales = "input scales" + sfx, in_zp = "input zero_points" + sfx,
-                    in_bias = "input bias" + sfx;
+  const char* sfx = set == 1 ? "" : "2";
+  auto input = [&](const char* name) { return std::string("input ") + name + sfx; };
   const int64_t N = set == 1 ? at.N : at.N2;
   p.N = N;
   p.K = at.K;
@@ -174,46 +174,48 @@ void CheckWeights(const std::string& where, const Attrs& at, ElemType type, cons
   p.layout = at.packing == 1 ? WeightLayout::kTiles : WeightLayout::kRowMajor;
   if (at.packing == 1 && type == ElemType::kFloat32)
     Fail(where, "packing=1 (tiles) needs float16 or bfloat16 activations, got float");
-  const std::string t = TypeName(OnnxType(type));
-  const std::string kn = " for K=" + std::to_string(at.K) + ", N" + sfx + "=" + std::to_string(N) +
-                         ", block_size=" + std::to_string(at.block_size) + ", bits=" + std::to_string(at.bits);
+  const char* t = TypeName(OnnxType(type));
+  auto kn = [&] {
+    return " for K=" + std::to_string(at.K) + ", N" + sfx + "=" + std::to_string(N) +
+           ", block_size=" + std::to_string(at.block_size) + ", bits=" + std::to_string(at.bits);
+  };
   if (w.b.present) {
     if (w.b.type != ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8)
-      Fail(where, in_b + " must be uint8, got " + TypeName(w.b.type));
+      Fail(where, input("B") + " must be uint8, got " + TypeName(w.b.type));
     const bool rank3 = w.b.shape.size() == 3 && w.b.shape[0] == N && w.b.shape[1] == p.k_blocks &&
                        w.b.shape[2] == p.block_bytes;
     if (!rank3 && !IsMatrix(w.b.shape, N, p.k_blocks * p.block_bytes))
-      Fail(where, in_b + " has shape " + ShapeToString(w.b.shape) + ", expected " +
-                      ShapeToString({N, p.k_blocks, p.block_bytes}) + kn);
+      Fail(where, input("B") + " has shape " + ShapeToString(w.b.shape) + ", expected " +
+                      ShapeToString({N, p.k_blocks, p.block_bytes}) + kn());
   }
   if (w.scales.present) {
     if (w.scales.type != OnnxType(type))
-      Fail(where, in_scales + " must have A's type " + t + ", got " + TypeName(w.scales.type));
+      Fail(where, input("scales") + " must have A's type " + std::string(t) + ", got " + TypeName(w.scales.type));
     if (!IsMatrix(w.scales.shape, N, p.k_blocks))
-      Fail(where, in_scales + " has shape " + ShapeToString(w.scales.shape) + ", expected " +
-                      ShapeToString({N, p.k_blocks}) + " or " + ShapeToString({N * p.k_blocks}) + kn);
+      Fail(where, input("scales") + " has shape " + ShapeToString(w.scales.shape) + ", expected " +
+                      ShapeToString({N, p.k_blocks}) + " or " + ShapeToString({N * p.k_blocks}) + kn());
   }
   p.zp_kind = ZeroPointKind::kNone;
   if (w.zp.present) {
     if (w.zp.type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8) {
       p.zp_kind = ZeroPointKind::kPacked;
       if (!IsMatrix(w.zp.shape, N, p.zp_row_bytes))
-        Fail(where, in_zp + " (uint8, packed) has shape " + ShapeToString(w.zp.shape) + ", expected " +
-                        ShapeToString({N, p.zp_row_bytes}) + " or " + ShapeToString({N * p.zp_row_bytes}) + kn);
+        Fail(where, input("zero_points") + " (uint8, packed) has shape " + ShapeToString(w.zp.shape) + ", expected " +
+                        ShapeToString({N, p.zp_row_bytes}) + " or " + ShapeToString({N * p.zp_row_bytes}) + kn());
     } else if (w.zp.type == OnnxType(type)) {
       p.zp_kind = ZeroPointKind::kTyped;
       if (!IsMatrix(w.zp.shape, N, p.k_blocks))
-        Fail(where, in_zp + " (" + t + ") has shape " + ShapeToString(w.zp.shape) + ", expected " +
-                        ShapeToString({N, p.k_blocks}) + " or " + ShapeToString({N * p.k_blocks}) + kn);
+        Fail(where, input("zero_points") + " (" + std::string(t) + ") has shape " + ShapeToString(w.zp.shape) + ", expected " +
+                        ShapeToString({N, p.k_blocks}) + " or " + ShapeToString({N * p.k_blocks}) + kn());
     } else {
-      Fail(where, in_zp + " must be uint8 or A's type " + t + ", got " + TypeName(w.zp.type));
+      Fail(where, input("zero_points") + " must be uint8 or A's type " + std::string(t) + ", got " + TypeName(w.zp.type));
     }
   }
   if (w.bias.present) {
     if (w.bias.type != OnnxType(type))
-      Fail(where, in_bias + " must have A's type " + t + ", got " + TypeName(w.bias.type));
+      Fail(where, input("bias") + " must have A's type " + std::string(t) + ", got " + TypeName(w.bias.type));
     if (w.bias.shape.size() != 1 || w.bias.shape[0] != N)
-      Fail(where, in_bias + " has shape " + ShapeToString(w.bias.shape) + ", expected " + ShapeToString({N}));
+      Fail(where, input("bias") + " has shape " + ShapeToString(w.bias.shape) + ", expected " + ShapeToString({N}));
   }
 }
 
