@@ -129,7 +129,8 @@ void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void*
 void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
 // Two weight sets on one A (the op's N2 form): p1 and p2 differ only in N, their weights, bias and y.
 // Each product is what MatMulNBitsCpu computes for it alone (the same bits), so rows stay independent
-// of M; where the int8 kernel runs both, A is quantised once and both sets are one job for the pool.
+// of M; where the int8 kernel runs both, A is quantised once and both sets are one job for the pool
+// (the first set's columns, then the second's), then the epilogue.
 //   kNone: p1.y and p2.y get the two products.
 //   kSwiGlu (p1.N == p2.N): p1.y gets silu(g) * u per element, g and u the two products (the gate and
 //     up projections of a gated MLP) rounded to the type as two nodes would write them, then in
