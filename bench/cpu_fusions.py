@@ -1,10 +1,9 @@
 """What the CPU fusions buy: the main graph's forward time per width with every rewrite (the driver's
-default), and without the mlp fusion, the gated-attention fusion, the matmul pairs, or all three, on one
-model folder.
+default), and without the mlp fusion, the gated-attention fusion, or both, on one model folder.
 
     python bench/cpu_fusions.py --model /tmp/small [--reps 25] [--threads 2] [--out FILE]
 
-All five sessions live in one process and are timed round-robin per width (2 warm-up forwards, then
+All four sessions live in one process and are timed round-robin per width (2 warm-up forwards, then
 10 timed, per turn), so a noisy machine's slow spells fall on every variant alike; the figure is the
 median over --reps turns of the mean forward time. The forwards run at a fixed cache length after a
 short prompt (GraphRunner.forward without committing), as a decode step (width 1) and an MTP verify
@@ -35,8 +34,9 @@ PROMPT = "def read_config(path):\n    with open(path) as f:\n"
 def variants() -> dict:
     every = ops.rewrite.REWRITES
     without = lambda *kinds: tuple(k for k in every if k not in kinds)  # noqa: E731
-    fusions = (ops.rewrite.MLP, ops.rewrite.GATED_ATTENTION, ops.rewrite.MATMUL_PAIRS)
-    return {"default": True, **{f"no-{kind}": without(kind) for kind in fusions}, "none": without(*fusions)}
+    return {"default": True, "no-mlp": without(ops.rewrite.MLP),
+            "no-gated-attention": without(ops.rewrite.GATED_ATTENTION),
+            "neither": without(ops.rewrite.MLP, ops.rewrite.GATED_ATTENTION)}
 
 
 def measure(model: str, reps: int, threads: int) -> dict:

@@ -14,15 +14,13 @@ a and b projections) becomes ort_mtp::MatMul (ops.float_matmul), whose rows do n
 number of rows, where the library runs it on the device. Where the library runs that form (the CPU),
 each gated MLP's gate and up projections and SiLU become one ort_mtp::MatMulNBits node
 (activation=swiglu, ops.mlp): four fewer nodes per layer; and each gated attention mixer (q/gate split,
-per-head norms, MRoPE, attention, sigmoid gate) one ort_mtp::GatedAttention node (ops.gated_attention);
-and two MatMulNBits nodes reading one input (a Gated DeltaNet layer's qkv and z projections) one node
-with two weight sets (ops.matmul_pairs). The rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
+per-head norms, MRoPE, attention, sigmoid gate) one ort_mtp::GatedAttention node (ops.gated_attention). The rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
 the model folder for the external weights, so a read-only folder works and no derived file is ever
 written; the rewrite itself reads no weight (the graph proto is loaded without external data).
 
 `rewrite`: True (every rewrite), False (ORT's own ops: `--no-rewrite`), or the names of the rewrites
 to run (ops.rewrite.REWRITES: "matmul", "linear-attention", "attention", "float-matmul", "mlp",
-"gated-attention", "matmul-pairs").
+"gated-attention").
 
 `pack`: the tiles layout of ort_mtp::MatMulNBits (packing=1): 11% more tokens/s greedy on CUDA
 (README, 27B-class). None (the default) packs on CUDA devices and not on the CPU, True / False say
@@ -122,10 +120,9 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
     float_matmul = recorded(ops.rewrite.float_matmul_check(None, provider, device_id))
     mlp = recorded(ops.rewrite.mlp_check(None, provider, device_id))
     gated = recorded(ops.rewrite.gated_attention_check(None, provider, device_id))
-    pairs = ops.rewrite.matmul_pairs_check(None, provider, device_id)
     report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent,
                                               attention=attention, float_matmul=float_matmul, mlp=mlp,
-                                              gated_attention=gated, matmul_pairs=pairs)
+                                              gated_attention=gated)
     for block, why in report.linear_attention.kept:
         level = logging.INFO if why in unavailable else logging.WARNING
         log.log(level, "%s: linear-attention block %s stays on ONNX Runtime's ops: %s", spec.path.name, block, why)

@@ -3,7 +3,7 @@
     python -m ops info [--json]
     python -m ops library-path
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
-                                 [--only matmul|linear-attention|attention|float-matmul|mlp|gated-attention|matmul-pairs]
+                                 [--only matmul|linear-attention|attention|float-matmul|mlp|gated-attention]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
 onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 2.
@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import LibraryNotFoundError, cuda_kernels_built, library_path, visible_gpus
-from .rewrite import ATTENTION, FLOAT_MATMUL, GATED_ATTENTION, LINEAR_ATTENTION, MATMUL, MATMUL_PAIRS, MLP, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
+from .rewrite import ATTENTION, FLOAT_MATMUL, GATED_ATTENTION, LINEAR_ATTENTION, MATMUL, MLP, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
 from .staging import OutputError
 from .usage import Parser, UsageError
 
@@ -38,8 +38,7 @@ def _parser() -> Parser:
             "with one ort_mtp GatedDeltaNet node where the library has that op; blocks that do not fit "
             "are kept and reported. Where the library runs it (the CPU EP), a gated MLP's gate and up "
             "projections and its SiLU become one ort_mtp MatMulNBits node (activation=swiglu), and a gated "
-            "attention mixer one ort_mtp GatedAttention node, and two MatMulNBits nodes reading one input one "
-            "node with two weight sets. "
+            "attention mixer one ort_mtp GatedAttention node. "
             "IN and OUT are .onnx files or onnxruntime-genai model folders; OUT must not exist or be "
             "an empty folder, and not be a symbolic link. For a folder every model genai_config.json "
             "names is rewritten, every other file is hard-linked (or copied), and the library is copied in and named in "
@@ -195,9 +194,6 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
             for why, kept in _by_reason(mixers.kept):
                 shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
                 print(f"note: {name}: kept the attention mixer of {shown} as separate nodes: {why}", file=sys.stderr)
-        if MATMUL_PAIRS in kinds and model.matmul_pairs:
-            print(f"{name}: merged {len(model.matmul_pairs)} pairs of MatMulNBits nodes reading one input into "
-                  "two-weight nodes")
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}

@@ -69,8 +69,7 @@ ATTENTION = "attention"
 FLOAT_MATMUL = "float-matmul"
 MLP = "mlp"
 GATED_ATTENTION = "gated-attention"
-MATMUL_PAIRS = "matmul-pairs"
-REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION, MATMUL_PAIRS)
+REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION)
 """The rewrite kinds (`python -m ops rewrite --only NAME`, the driver's rewrite=...)."""
 
 
@@ -158,7 +157,6 @@ class ModelReport:
     float_matmul_merged: list[str] = field(default_factory=list)  # two-weight ort_mtp MatMul nodes made from pairs
     mlp: BlockReport = field(default_factory=BlockReport)  # gated MLPs fused into one node, by their Sigmoid
     gated_attention: BlockReport = field(default_factory=BlockReport)  # attention mixers in one node, by their GQA
-    matmul_pairs: list[str] = field(default_factory=list)  # two-weight ort_mtp MatMulNBits nodes made from pairs
 
     @property
     def count(self) -> int:
@@ -170,8 +168,7 @@ class ModelReport:
         """Whether anything was rewritten (a MatMulNBits node, a linear-attention block, an attention node,
         a MatMul node)."""
         return bool(self.rewritten or self.linear_attention.rewritten or self.attention.rewritten
-                    or self.float_matmul.rewritten or self.mlp.rewritten or self.gated_attention.rewritten
-                    or self.matmul_pairs)
+                    or self.float_matmul.rewritten or self.mlp.rewritten or self.gated_attention.rewritten)
 
 
 def rewrite_model(model: onnx.ModelProto, include=None, exclude=None, rewrites=None) -> int:
@@ -192,7 +189,7 @@ def _rewrite_kinds(rewrites) -> tuple[str, ...]:
 
 def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None, rewrites=None,
                          gated_delta_net=None, base_dir=None, attention=None, float_matmul=None,
-                         mlp=None, gated_attention=None, matmul_pairs=None) -> ModelReport:
+                         mlp=None, gated_attention=None) -> ModelReport:
     """Rewrites, in place, in the main graph, its subgraphs and the model's functions: the
     com.microsoft MatMulNBits nodes and the linear-attention blocks selected by node_filter (see
     NodeFilter; a block is selected by its LinearAttention node's name). `rewrites`: which kinds run
@@ -203,8 +200,7 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
     ONNX MatMul nodes (ops.float_matmul.available), `mlp(dtype) -> None | reason` for gated MLPs
     (ops.mlp.available; the mlp kind runs after the matmul one, on ort_mtp MatMulNBits nodes),
     `gated_attention(dtype) -> None | reason` for attention mixers (ops.gated_attention.available; after the
-    attention kind, on ort_mtp GroupQueryAttention nodes), `matmul_pairs(dtype) -> None | reason` for
-    pairs of MatMulNBits nodes reading one input (ops.matmul_pairs.available; after the mlp kind). `base_dir`: the model's folder, where small
+    attention kind, on ort_mtp GroupQueryAttention nodes). `base_dir`: the model's folder, where small
     constants stored as external data are read from (no large initializer is read). Adds the
     ort_mtp opset import where it rewrote a node. The proto is not touched when nothing is
     rewritten; otherwise every node, initializer, external reference and value_info that is not
@@ -223,8 +219,6 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
         wanted |= {(SOURCE_DOMAIN, MATMUL_NBITS), (DOMAIN, MATMUL_NBITS)}
     if GATED_ATTENTION in kinds:
         wanted |= {(SOURCE_DOMAIN, "GroupQueryAttention"), (DOMAIN, "GroupQueryAttention")}
-    if MATMUL_PAIRS in kinds:
-        wanted |= {(SOURCE_DOMAIN, MATMUL_NBITS), (DOMAIN, MATMUL_NBITS)}
     if not any((n.domain, n.op_type) in wanted for _, nodes in _node_lists(model) for n in nodes):
         return report  # nothing to look at: no onnx-ir view of the model is built
 
@@ -266,10 +260,6 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
 
         outcome = patterns.apply(view, GatedAttentionRewrite(gated_attention), node_filter.selects)
         report.gated_attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
-    if MATMUL_PAIRS in kinds:
-        from .matmul_pairs import merge
-
-        report.matmul_pairs = merge(view, matmul_pairs)
     if report.changed:
         rewritten = ir.serde.serialize_model(view)
         _keep_value_info(model, rewritten)
@@ -468,14 +458,6 @@ def gated_attention_check(library: str | os.PathLike | None = None, provider: st
     return _library_check(gated_attention.available, "GatedAttention", library, provider, device_id)
 
 
-def matmul_pairs_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
-    """The `matmul_pairs` argument of rewrite_model_report: two MatMulNBits nodes become one only where
-    `library` runs ort_mtp::MatMulNBits' two-weight form for the type on `provider`."""
-    from . import matmul_pairs
-
-    return _library_check(matmul_pairs.available, "MatMulNBits (N2)", library, provider, device_id)
-
-
 def mlp_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
     """The `mlp` argument of rewrite_model_report: a gated MLP is fused only where `library` runs
     ort_mtp::MatMulNBits' swiglu form for its type on `provider`."""
@@ -517,8 +499,7 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
     node_filter = NodeFilter(include, exclude)
     report = FileReport(source, output, rewrite_model_report(
         model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent, attention=attention_check(),
-        float_matmul=float_matmul_check(), mlp=mlp_check(), gated_attention=gated_attention_check(),
-        matmul_pairs=matmul_pairs_check()))
+        float_matmul=float_matmul_check(), mlp=mlp_check(), gated_attention=gated_attention_check()))
     report.unmatched_patterns = node_filter.unmatched()
     if require_rewrite and not report.model.changed and not (pack and _has_our_nodes(model)):
         raise RewriteError(_nothing_rewritten(source, report.model, _rewrite_kinds(rewrites)))
@@ -678,8 +659,7 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
                                                    attention=attention_check(library, provider, device_id),
                                                    float_matmul=float_matmul_check(library, provider, device_id),
                                                    mlp=mlp_check(library, provider, device_id),
-                                                   gated_attention=gated_attention_check(library, provider, device_id),
-                                                   matmul_pairs=matmul_pairs_check(library, provider, device_id))
+                                                   gated_attention=gated_attention_check(library, provider, device_id))
         if report.models[name].changed or (pack and _has_our_nodes(model)):
             rewritten[name] = model  # with pack, a model already on our op is rewritten too
     report.unmatched_patterns = node_filter.unmatched()
@@ -796,9 +776,7 @@ def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str
             return f"{source}: {_none_rewritten(report.gated_attention, 'attention mixers')}"
         return (f"{source} has no ort_mtp GroupQueryAttention node (the gated-attention rewrite runs after the "
                 "attention one)")
-    if kinds == (MATMUL_PAIRS,):
-        return f"{source} has no pair of ort_mtp MatMulNBits nodes reading one input (the pairs run after the matmul rewrite)"
-    kinds = tuple(k for k in kinds if k not in (ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION, MATMUL_PAIRS))  # the messages below are about the other kinds
+    kinds = tuple(k for k in kinds if k not in (ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION))  # the messages below are about the other kinds
     blocks = report.linear_attention
     if MATMUL not in kinds and not blocks.total:
         return f"{source} has no linear-attention block (com.microsoft LinearAttention node)"
