@@ -18,10 +18,11 @@ from harness import ROOT, Context
 sys.path.insert(0, str(ROOT / "tests"))
 import op_fuzz  # noqa: E402
 
-CASES = 900  # case i runs op i % 5 (op_fuzz.CASE_MAKERS); GatedAttention, without its CUDA kernel
-# registered (ORT_MTP_GATED_ATTENTION_CUDA=1), runs on the CPU EP's kernel under ORT's fallback
+OPS = ("CopySlots", "MatMulNBits", "GatedDeltaNet", "GroupQueryAttention", "GatedAttention")  # op_fuzz.CASE_MAKERS
+CASES = 225 * len(OPS)  # case i runs op i % len(OPS); GatedAttention, while its CUDA kernel is opt-in
+# (ORT_MTP_GATED_ATTENTION_CUDA=1), runs on the CPU EP's kernel under ORT's fallback
 SEEDS = (0, 1)
-OUTCOMES = tuple(f"{op} {outcome}" for op in ("CopySlots", "MatMulNBits", "GatedDeltaNet") for outcome in ("ok", "error"))
+OUTCOMES = tuple(f"{op} {outcome}" for op in OPS for outcome in ("ok", "error"))
 
 
 def check_op_fuzz(ctx: Context, seed: int, cases: int = CASES):
