@@ -143,6 +143,11 @@ def _print_info(as_json: bool) -> None:
 # -- rewrite ----------------------------------------------------------------------------------------
 
 
+def _first_names(nodes: list[str]) -> str:
+    """'a', 'b' and 3 more: the first two names of a reason's nodes, for one line of the report."""
+    return ", ".join(repr(n) for n in nodes[:2]) + (f" and {len(nodes) - 2} more" if len(nodes) > 2 else "")
+
+
 def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
     if isinstance(report, FileReport):
         models = {report.source.name: report.model}
@@ -161,7 +166,7 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
             print(f"{name}: rewrote {len(blocks.rewritten)} of {blocks.total} linear-attention blocks "
                   "into ort_mtp GatedDeltaNet")
             for why, nodes in _by_reason(blocks.kept):
-                shown = ", ".join(repr(n) for n in nodes[:2]) + (f" and {len(nodes) - 2} more" if len(nodes) > 2 else "")
+                shown = _first_names(nodes)
                 what = "linear-attention block" if len(nodes) == 1 else f"{len(nodes)} linear-attention blocks"
                 print(f"warning: {name}: kept {what} {shown} on com.microsoft ops: {why}",
                       file=sys.stderr)
@@ -170,7 +175,7 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
             print(f"{name}: rewrote {len(nodes.rewritten)} of {nodes.total} GroupQueryAttention nodes "
                   "into ort_mtp GroupQueryAttention")
             for why, kept in _by_reason(nodes.kept):
-                shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
+                shown = _first_names(kept)
                 print(f"note: {name}: kept GroupQueryAttention {shown} as com.microsoft: {why}", file=sys.stderr)
         dense = model.float_matmul
         if FLOAT_MATMUL in kinds and (dense.rewritten or kinds == (FLOAT_MATMUL,)):
@@ -178,21 +183,21 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
             merged = f" ({pairs} pairs reading one input merged into two-weight nodes)" if pairs else ""
             print(f"{name}: rewrote {len(dense.rewritten)} of {dense.total} MatMul nodes into ort_mtp MatMul{merged}")
             for why, kept in _by_reason(dense.kept):
-                shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
+                shown = _first_names(kept)
                 print(f"note: {name}: kept MatMul {shown} on ONNX Runtime's: {why}", file=sys.stderr)
         mlps = model.mlp
         if MLP in kinds and (mlps.rewritten or kinds == (MLP,)):
             print(f"{name}: fused {len(mlps.rewritten)} of {mlps.total} gated MLPs (gate, up, SiLU) into one "
                   "ort_mtp MatMulNBits each")
             for why, kept in _by_reason(mlps.kept):
-                shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
+                shown = _first_names(kept)
                 print(f"note: {name}: kept the MLP of {shown} as separate nodes: {why}", file=sys.stderr)
         mixers = model.gated_attention
         if GATED_ATTENTION in kinds and (mixers.rewritten or kinds == (GATED_ATTENTION,)):
             print(f"{name}: fused {len(mixers.rewritten)} of {mixers.total} attention mixers (q/gate split, norms, "
                   "rotary, attention, gate) into ort_mtp GatedAttention")
             for why, kept in _by_reason(mixers.kept):
-                shown = ", ".join(repr(n) for n in kept[:2]) + (f" and {len(kept) - 2} more" if len(kept) > 2 else "")
+                shown = _first_names(kept)
                 print(f"note: {name}: kept the attention mixer of {shown} as separate nodes: {why}", file=sys.stderr)
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")

@@ -27,12 +27,15 @@ def library_path() -> str:
 
 @pytest.fixture(scope="session")
 def cpu_session(library_path):
-    """cpu_session(model or path, register=True) -> onnxruntime.InferenceSession on the CPU EP with
-    the library registered. ORT's own error log is silenced: tests read errors from exceptions."""
+    """cpu_session(model or path, register=True, threads=None) -> onnxruntime.InferenceSession on the
+    CPU EP with the library registered (threads: intra_op_num_threads; None: ORT's default). ORT's own
+    error log is silenced: tests read errors from exceptions."""
 
-    def make(model, register: bool = True) -> ort.InferenceSession:
+    def make(model, register: bool = True, threads: int | None = None) -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        if threads is not None:
+            options.intra_op_num_threads = threads
         if register:
             options.register_custom_ops_library(library_path)
         source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import helper
 
@@ -36,14 +35,6 @@ def _id(cfg):
     return f"{cfg.dtype}-q{cfg.num_heads}-kv{cfg.kv_num_heads}-h{cfg.head_size}-rot{cfg.rotary_dim}-layout{cfg.mrope_layout}"
 
 
-def _session(library_path, model, threads=1):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = threads
-    options.register_custom_ops_library(library_path)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
 def _close(got, want, dtype, what):
     atol, rtol = TOL[dtype]
     err = np.abs(np.asarray(got, np.float64) - want)
@@ -51,10 +42,10 @@ def _close(got, want, dtype, what):
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
-def test_matches_the_float64_definition(cfg, library_path):
+def test_matches_the_float64_definition(cfg, cpu_session):
     rng = np.random.default_rng(1)
     feed = ga.random_case(rng, cfg, batch=2, seq=3, past=5, buffer=12)
-    out, pk, pv = _session(library_path, ga.model(cfg)).run(None, feed)
+    out, pk, pv = cpu_session(ga.model(cfg)).run(None, feed)
     want = ga.reference(cfg, **feed)
     _close(out, want[0], cfg.dtype, "output")
     _close(pk, want[1], cfg.dtype, "present_key")
@@ -63,26 +54,26 @@ def test_matches_the_float64_definition(cfg, library_path):
 
 
 @pytest.mark.parametrize("cfg", [c for c in CONFIGS if c.dtype == "float32"], ids=_id)
-def test_matches_the_builders_nodes(cfg, library_path):
+def test_matches_the_builders_nodes(cfg, cpu_session):
     """The sixteen nodes (ORT's SimplifiedLayerNormalization and MRotaryEmbedding, our attention) and
     the one node agree within float32 rounding."""
     rng = np.random.default_rng(2)
     feed = ga.random_case(rng, cfg, batch=1, seq=4, past=6, buffer=16)
-    fused = _session(library_path, ga.model(cfg)).run(None, feed)
-    nodes = _session(library_path, ga.builder_model(cfg)).run(None, feed)
+    fused = cpu_session(ga.model(cfg)).run(None, feed)
+    nodes = cpu_session(ga.builder_model(cfg)).run(None, feed)
     for got, want, name in zip(fused, nodes, ga.OUTPUTS):
         _close(got, np.asarray(want, np.float64), cfg.dtype, name)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
-def test_a_wide_call_is_width_1_calls_bit_for_bit(cfg, threads, library_path):
+def test_a_wide_call_is_width_1_calls_bit_for_bit(cfg, threads, cpu_session):
     """Width S from a cache of `past` tokens = S width-1 calls, each fed the previous call's present:
     the same output rows and the same cache, bit for bit."""
     rng = np.random.default_rng(3)
     S, past, buffer = 5, 4, 12
     feed = ga.random_case(rng, cfg, batch=1, seq=S, past=past, buffer=buffer)
-    session = _session(library_path, ga.model(cfg), threads)
+    session = cpu_session(ga.model(cfg), threads=threads)
     wide = session.run(None, feed)
     cache = (feed["past_key"], feed["past_value"])
     for s in range(S):
@@ -97,7 +88,7 @@ def test_a_wide_call_is_width_1_calls_bit_for_bit(cfg, threads, library_path):
 
 
 @pytest.mark.parametrize("commuted", [False, True], ids=["as-built", "commuted-gate-mul"])
-def test_the_rewrite_fuses_the_builders_nodes(commuted, library_path):
+def test_the_rewrite_fuses_the_builders_nodes(commuted, cpu_session):
     cfg = ga.GatedAttentionConfig()
     model = ga.builder_model(cfg)
     if commuted:
@@ -113,11 +104,11 @@ def test_the_rewrite_fuses_the_builders_nodes(commuted, library_path):
     assert attrs["mrope_section"] == [2, 1, 1] and attrs["rotary_embedding_dim"] == 8 and attrs["mrope_layout"] == 1
     assert abs(attrs["epsilon"] - cfg.epsilon) < 1e-12 and attrs["num_heads"] == 4 and attrs["kv_num_heads"] == 2
     feed = ga.random_case(np.random.default_rng(4), cfg, batch=1, seq=2, past=3, buffer=8)
-    for got, want in zip(_session(library_path, model).run(None, feed), _session(library_path, original).run(None, feed)):
+    for got, want in zip(cpu_session(model).run(None, feed), cpu_session(original).run(None, feed)):
         _close(got, np.asarray(want, np.float64), "float32", "rewritten vs nodes")
 
 
-def test_the_rewrite_fuses_a_16_bit_mixer_with_casts_around_the_rotary(library_path):
+def test_the_rewrite_fuses_a_16_bit_mixer_with_casts_around_the_rotary(cpu_session):
     """A float16 graph runs each rotary in float32 between casts (twenty nodes): fused too, and the one
     node computes what they do within float16 rounding (the op rounds where the casts round)."""
     cfg = ga.GatedAttentionConfig(dtype="float16")
@@ -127,7 +118,7 @@ def test_the_rewrite_fuses_a_16_bit_mixer_with_casts_around_the_rotary(library_p
     report = rewrite_model_report(model, rewrites=[GATED_ATTENTION], gated_attention=gated_attention_check())
     assert len(report.gated_attention.rewritten) == 1 and [n.op_type for n in model.graph.node] == ["GatedAttention"]
     feed = ga.random_case(np.random.default_rng(6), cfg, batch=1, seq=3, past=4, buffer=9)
-    for got, want in zip(_session(library_path, model).run(None, feed), _session(library_path, original).run(None, feed)):
+    for got, want in zip(cpu_session(model).run(None, feed), cpu_session(original).run(None, feed)):
         _close(got, np.asarray(want, np.float64), "float16", "rewritten vs nodes")
 
 
@@ -193,14 +184,14 @@ def test_tiny_preset_fuses_every_attention_layer(tiny_folder):
     assert not any(n.op_type in ("MRotaryEmbedding", "GroupQueryAttention") for n in model.graph.node)
 
 
-def _refusal(library_path, model, feed=None) -> str:
+def _refusal(cpu_session, model, feed=None) -> str:
     with pytest.raises(Exception) as e:
-        session = _session(library_path, model)
+        session = cpu_session(model)
         session.run(None, feed)
     return str(e.value)
 
 
-def test_errors_name_what_is_wrong(library_path):
+def test_errors_name_what_is_wrong(cpu_session):
     cfg = ga.GatedAttentionConfig()
     feed = ga.random_case(np.random.default_rng(5), cfg, batch=1, seq=2, past=3, buffer=8)
     node_errors = [
@@ -212,7 +203,7 @@ def test_errors_name_what_is_wrong(library_path):
         (dict(cfg.attributes(), rotary_embedding_dim=32), "rotary_embedding_dim 32 exceeds the head size 16"),
     ]
     for attrs, needle in node_errors:
-        message = _refusal(library_path, ga.model(cfg, attributes=attrs), feed)
+        message = _refusal(cpu_session, ga.model(cfg, attributes=attrs), feed)
         assert needle in message and "GatedAttention node" in message, message
     input_errors = [
         (dict(feed, qkv=feed["qkv"][..., :-1]), "input qkv has shape [1, 2, 191]"),
@@ -221,7 +212,7 @@ def test_errors_name_what_is_wrong(library_path):
         (dict(feed, seqlens_k=np.array([20], np.int32)), "past the end of the KV cache"),
         (dict(feed, q_norm_weight=feed["q_norm_weight"][:8]), "input q_norm_weight has shape [8]"),
     ]
-    session = _session(library_path, ga.model(cfg))
+    session = cpu_session(ga.model(cfg))
     for bad, needle in input_errors:
         with pytest.raises(Exception) as e:
             session.run(None, bad)

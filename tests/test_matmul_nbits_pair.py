@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 
 from ops import nbits
@@ -26,14 +25,6 @@ SEED = int(os.environ.get("ORT_MTP_TEST_SEED", "0"))
 NP_TYPES = {"float32": np.float32, "float16": np.float16}
 ULP = {"float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 MS = [1, 2, 3, 4, 5, 8, 9, 16]
-
-
-def _session(library_path, model, threads=1):
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = threads
-    options.register_custom_ops_library(library_path)
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 def _model(w, second=None, activation=None, accuracy_level=4):
@@ -78,17 +69,17 @@ def _weights(case, rng, n2=None):
 
 @pytest.mark.parametrize("pack", ["1", "0"], ids=["grouped-copy", "row-major"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_two_outputs_are_the_one_weight_nodes_bits(case, pack, library_path, monkeypatch):
+def test_two_outputs_are_the_one_weight_nodes_bits(case, pack, cpu_session, monkeypatch):
     """Y and Y2 of the two-weight node equal the two one-weight nodes' outputs bit for bit, at every M
     and with 1 and 2 threads, from the kernel's grouped copy and from the row-major weights."""
     monkeypatch.setenv("ORT_MTP_CPU_PACK", pack)
     dtype, acc = case[0], case[7]
     rng = np.random.default_rng([SEED, 71, case[4], case[5], case[6]])
     w1, w2 = _weights(case, rng)
-    one = [_session(library_path, _model(w, accuracy_level=acc)) for w in (w1, w2)]
+    one = [cpu_session(_model(w, accuracy_level=acc)) for w in (w1, w2)]
     a = _feed(rng, max(MS), w1.K, dtype)
     for threads in (1, 2):
-        pair = _session(library_path, _model(w1, w2, accuracy_level=acc), threads)
+        pair = cpu_session(_model(w1, w2, accuracy_level=acc), threads=threads)
         for M in MS:
             y, y2 = pair.run(None, {"A": a[:M]})
             assert y.shape == (M, w1.N) and y2.shape == (M, w2.N)
@@ -97,14 +88,14 @@ def test_two_outputs_are_the_one_weight_nodes_bits(case, pack, library_path, mon
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[5] == c[6] or c[7] == 4], ids=_case_id)
-def test_swiglu_is_silu_of_the_gate_times_up(case, library_path):
+def test_swiglu_is_silu_of_the_gate_times_up(case, cpu_session):
     """activation="swiglu": within 4 ulps of silu(gate) * up computed from the one-weight nodes'
     outputs, rows bit for bit across M = 1..16 and threads."""
     dtype, acc = case[0], case[7]
     rng = np.random.default_rng([SEED, 72, case[4], case[5]])
     gate, up = _weights(case, rng, n2=case[5])
-    one = [_session(library_path, _model(w, accuracy_level=acc)) for w in (gate, up)]
-    sessions = [_session(library_path, _model(gate, up, "swiglu", accuracy_level=acc), t) for t in (1, 2)]
+    one = [cpu_session(_model(w, accuracy_level=acc)) for w in (gate, up)]
+    sessions = [cpu_session(_model(gate, up, "swiglu", accuracy_level=acc), threads=t) for t in (1, 2)]
     a = _feed(rng, max(MS), gate.K, dtype)
     singles = [sessions[0].run(None, {"A": a[i:i + 1]})[0] for i in range(len(a))]
     g, u = (s.run(None, {"A": a})[0] for s in one)
@@ -121,14 +112,14 @@ def test_swiglu_is_silu_of_the_gate_times_up(case, library_path):
                 assert np.array_equal(_bits(y[i:i + 1]), _bits(singles[i])), f"threads={t} M={M}: row {i}"
 
 
-def test_swiglu_of_extreme_gates(library_path):
+def test_swiglu_of_extreme_gates(cpu_session):
     """Gates far out on either side: silu(g) -> g for large g and -> 0 for very negative g (exp(-g) is
     taken at min(-g, 88), a finite 2^127-range value), no overflow or NaN from the activation itself."""
     rng = np.random.default_rng([SEED, 73])
     gate = nbits.random_weights(rng, 64, 8, scale=4.0)
     up = nbits.random_weights(rng, 64, 8)
-    session = _session(library_path, _model(gate, up, "swiglu"))
-    one = [_session(library_path, _model(w)) for w in (gate, up)]
+    session = cpu_session(_model(gate, up, "swiglu"))
+    one = [cpu_session(_model(w)) for w in (gate, up)]
     a = _feed(rng, 4, 64, "float32") * np.float32(50)
     y = session.run(None, {"A": a})[0]
     g, u = (s.run(None, {"A": a})[0] for s in one)
@@ -139,7 +130,7 @@ def test_swiglu_of_extreme_gates(library_path):
 
 
 _VARIANT_PROBE = r"""
-import sys, numpy as np
+import sys, numpy as np, onnxruntime as ort
 sys.path.insert(0, sys.argv[1])
 from ops import nbits
 from tests import test_matmul_nbits_pair as t
@@ -149,7 +140,12 @@ for i, dtype in enumerate(["float32", "float16", "bfloat16"]):
     gate = nbits.random_weights(rng, 96, 45, dtype=dtype, scale=0.5)
     up = nbits.random_weights(rng, 96, 45, dtype=dtype)
     a = t._feed(rng, 5, 96, dtype) * 8
-    y = t._session(sys.argv[2], t._model(gate, up, "swiglu"), 2).run(None, {"A": a})[0]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    options.register_custom_ops_library(sys.argv[2])
+    session = ort.InferenceSession(t._model(gate, up, "swiglu").SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    y = session.run(None, {"A": a})[0]
     out.append(np.ascontiguousarray(y).view(np.uint8).reshape(-1))
 np.save(sys.argv[3], np.concatenate(out))
 print("ok")
@@ -176,9 +172,9 @@ def test_swiglu_simd_and_scalar_agree_bitwise(library_path, tmp_path):
     assert np.array_equal(results["reference"], results["auto"])
 
 
-def _refusal(library_path, model) -> str:
+def _refusal(cpu_session, model) -> str:
     with pytest.raises(Exception) as e:
-        _session(library_path, model)
+        cpu_session(model)
     return str(e.value)
 
 
@@ -198,7 +194,7 @@ def _attr(node, name, value):
         node.attribute.append(helper.make_attribute(name, value))
 
 
-def test_errors_name_what_is_wrong(library_path):
+def test_errors_name_what_is_wrong(cpu_session):
     rng = np.random.default_rng([SEED, 74])
     w1 = nbits.random_weights(rng, 64, 16)
     w2 = nbits.random_weights(rng, 64, 8)
@@ -224,6 +220,6 @@ def test_errors_name_what_is_wrong(library_path):
         (_edited(pair(), lambda n, g: _attr(n, "packing", 1)), "packing"),
     ]
     for model, needle in cases:
-        message = _refusal(library_path, model)
+        message = _refusal(cpu_session, model)
         assert needle in message, f"{needle!r} not in: {message}"
         assert "'matmul'" in message  # the node is named
