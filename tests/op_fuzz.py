@@ -1,4 +1,5 @@
-"""Random cases for the library's ops (CopySlots, MatMulNBits, GatedDeltaNet, GroupQueryAttention, GatedAttention), as a hostile model
+"""Random cases for the library's ops (CopySlots, MatMulNBits and its two-weight forms, GatedDeltaNet,
+GroupQueryAttention, GatedAttention), as a hostile model
 file or a careless caller would build them: random shapes, element types, declared output types,
 attributes, bound buffers, and weights as initializers or as graph inputs.
 
@@ -396,6 +397,115 @@ def run_matmul(case: dict, provider: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# MatMulNBits with a second weight set (N2: two outputs, or activation="swiglu": one). The CUDA kernel
+# refuses both forms at session creation, so on CUDA every case is an error.
+
+PAIR_MUTATIONS = ["N2_attr", "B2_shape", "scales2_dtype", "zp2_presence", "activation_attr", "swiglu_N2",
+                  "second_without_N2", "packing_attr", "outputs"]
+
+
+def matmul_pair_case(rng) -> dict:
+    swiglu = bool(rng.random() < 0.5)
+    K, N = int(rng.integers(1, 300)), int(rng.integers(1, 40))
+    return {"op": "MatMulNBitsPair", "K": K, "N": N, "N2": N if swiglu else int(rng.integers(1, 40)),
+            "block_size": int(rng.choice([16, 32, 64, 128])), "dtype": str(rng.choice(["float32", "float16"])),
+            "zero_points": rng.choice([None, "packed", "typed"]), "bias": bool(rng.random() < 0.5),
+            "accuracy_level": int(rng.choice([0, 4])), "swiglu": swiglu,
+            "lead": [int(d) for d in rng.integers(0, 4, size=int(rng.integers(0, 3)))],
+            "mutations": sorted({str(m) for m in rng.choice(PAIR_MUTATIONS, size=int(rng.choice([0, 0, 1, 1, 2])))}),
+            "choice": int(rng.integers(0, 1 << 30))}
+
+
+def run_matmul_pair(case: dict, provider: str) -> str:
+    rng = np.random.default_rng(case["choice"])
+    zp = None if case["zero_points"] is None else str(case["zero_points"])
+    weights = [nbits.random_weights(rng, case["K"], n, block_size=case["block_size"], dtype=case["dtype"],
+                                    zero_points=zp, bias=case["bias"]) for n in (case["N"], case["N2"])]
+    mutations = set(case["mutations"])
+    second = weights[1]
+    if "zp2_presence" in mutations:  # the second set with zero points exactly when the first has none
+        second = nbits.random_weights(rng, case["K"], case["N2"], block_size=case["block_size"], dtype=case["dtype"],
+                                      zero_points=None if zp else "packed", bias=case["bias"])
+    if "B2_shape" in mutations:
+        second = dataclasses.replace(second, b=second.b[:, :, :-1] if second.b.shape[2] > 1 else second.b[:-1])
+    activation = "swiglu" if case["swiglu"] else None
+    if "swiglu_N2" in mutations:  # swiglu over two sets of different widths
+        second = nbits.random_weights(rng, case["K"], case["N"] + 1, block_size=case["block_size"],
+                                      dtype=case["dtype"], zero_points=zp, bias=case["bias"])
+        activation = "swiglu"
+    model = nbits.single_node_model(weights[0], domain="ort_mtp", node_name=NODE, a_shape=(*case["lead"], None),
+                                    accuracy_level=case["accuracy_level"], second=second, activation=activation)
+    node = model.graph.node[0]
+    if "scales2_dtype" in mutations:  # scales2 in float64, not A's type
+        init = next(t for t in model.graph.initializer if t.name == "scales2")
+        init.CopyFrom(nbits.tensor("scales2", second.scales.astype(np.float64)))
+    for m in sorted(mutations):
+        if m == "N2_attr":
+            _set_attr(node, "N2", int(rng.choice([case["N2"] + 1, -1, 1 << 40])))
+        elif m == "activation_attr":
+            _set_attr(node, "activation", str(rng.choice(["gelu", "SWIGLU", ""])) if rng.random() < 0.7 else 1)
+            if attribute_value(node, "activation") == "":
+                _set_attr(node, "activation", "relu")
+        elif m == "second_without_N2":
+            for attr in [a for a in node.attribute if a.name in ("N2", "activation")]:
+                node.attribute.remove(attr)
+            if len(node.output) == 2:
+                node.output.pop()
+                model.graph.output.pop()
+        elif m == "packing_attr":
+            _set_attr(node, "packing", 1)
+        elif m == "outputs":  # one output too many or too few for the form
+            if len(node.output) == 2:
+                node.output.pop()
+                model.graph.output.pop()
+            else:
+                node.output.append("Y2")
+                model.graph.output.append(helper.make_tensor_value_info("Y2", elem_type(case["dtype"]), None))
+    a = nbits.round_to(rng.standard_normal((*case["lead"], case["K"])), case["dtype"]).astype(case["dtype"])
+
+    def go():
+        return make_session(model, provider).run(None, {"A": a})
+
+    outcome, result = attempt(go)
+    if case["mutations"] or provider == "cuda":
+        return expect_error(outcome, result)
+    if outcome != "ok":
+        raise CaseFailure(f"a valid case failed: {result}")
+    final = {"float32": 0.0, "float16": 2.0**-11}[case["dtype"]]
+    refs = []
+    for w in weights:
+        if case["accuracy_level"] == 4 and a.size:
+            ref, mag = nbits.int8_reference(a.astype(np.float32), w)
+            ref, mag = ref.reshape(*case["lead"], w.N), mag.reshape(*case["lead"], w.N)
+        else:
+            ref, mag = nbits.reference(a, w), nbits.magnitude(a, w)
+        refs.append((ref, final * np.abs(ref) + U32 * (w.K / 16 + 64) * mag + U32))
+    outputs = [np.asarray(y, np.float64) for y in result]
+    if case["swiglu"]:
+        (g, tg), (u, tu) = refs
+        sig = 1.0 / (1.0 + np.exp(-g))
+        want = g * sig * u
+        # |d silu(g) / dg| <= 1.1; the activation's own rounding: a few ulps of the output's type
+        tol = 1.1 * tg * np.abs(u) + np.abs(g * sig) * tu + (4 * 2.0**-23 + final) * np.abs(want) + U32
+        checks = [("Y", outputs[0], want, tol)]
+    else:
+        checks = [(name, y, ref, tol) for name, y, (ref, tol) in zip(("Y", "Y2"), outputs, refs)]
+    for name, y, want, tol in checks:
+        if y.shape != want.shape:
+            raise CaseFailure(f"{name} has shape {y.shape}, expected {want.shape}")
+        if not np.all(np.abs(y - want) <= tol):
+            raise CaseFailure(f"{name} differs from the reference: max error / bound {np.max(np.abs(y - want) / tol):.3g}")
+    return "ok"
+
+
+def attribute_value(node, name):
+    for attr in node.attribute:
+        if attr.name == name:
+            return helper.get_attribute_value(attr).decode() if attr.type == attr.STRING else None
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------
 # GatedDeltaNet
 
 GDN_MUTATIONS = ["heads_attr", "v_heads_attr", "head_dim_attr", "window_attr", "qkv_shape", "z_shape", "gate_shape",
@@ -739,9 +849,10 @@ def expect_error(outcome: str, result) -> str:
 
 
 CASE_MAKERS = (copy_slots_case, matmul_case, gated_delta_net_case, group_query_attention_case,
-               gated_attention_case)  # case i: op i % 5
+               gated_attention_case, matmul_pair_case)  # case i: op i % 6
 RUNNERS = {"CopySlots": run_copy_slots, "MatMulNBits": run_matmul, "GatedDeltaNet": run_gated_delta_net,
-           "GroupQueryAttention": run_group_query_attention, "GatedAttention": run_gated_attention}
+           "GroupQueryAttention": run_group_query_attention, "GatedAttention": run_gated_attention,
+           "MatMulNBitsPair": run_matmul_pair}
 
 
 def make_case(seed: int, index: int) -> dict:
