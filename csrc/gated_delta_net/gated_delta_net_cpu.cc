@@ -67,11 +67,14 @@ struct Features {
   std::vector<float> g, beta;  // [B, S, Hv]
 };
 
-// One token of the gated delta rule on a [dk, dv] state in double:
+// One token of the gated delta rule on a [dk, dv] state, in double:
 //   S *= exp(g);  r = S^T k;  S += k (beta (v - r))^T;  o = S^T q    (every sum over i in ascending order)
 // then the state rounded to its stored type S (as a width-1 call stores it; `out`, if not null, gets
 // the rounded values too), in two sweeps over the state's rows: row i is decayed and then added into
-// r; after r becomes the update delta, row i is updated, added into o, and rounded. Each element goes
+// r; after r becomes the update delta, row i is decayed again (the same double product), updated,
+// added into o, and rounded. Between tokens the state holds values of S, which float32 represents
+// exactly, so it is kept in float32 (half the bytes of double; each element widened where it is read):
+// the same values and operations as a double state, so the same bits. Each element goes
 // through the same operations in the same order as in separate passes (a row's decay comes before its
 // use in r, its update before its use in o, its rounding after that use, and each sum still runs over
 // i ascending), with a third of the trips through memory. Each loop runs over the columns j innermost,
@@ -85,7 +88,7 @@ template <typename S, int kDv>
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-void DeltaRuleStep(double* state, double* r_out, double* o_out, const float* q, const float* k, const float* v,
+void DeltaRuleStep(float* state, double* r_out, double* o_out, const float* q, const float* k, const float* v,
                    double decay, double beta, int64_t dk, int64_t dv_runtime, S* out) {
   constexpr int64_t kMax = kDv > 0 ? kDv : 1;
   const int64_t dv = kDv > 0 ? kDv : dv_runtime;
@@ -95,30 +98,27 @@ void DeltaRuleStep(double* state, double* r_out, double* o_out, const float* q, 
   for (int64_t j = 0; j < dv; ++j) r[j] = 0.0;
   for (int64_t i = 0; i < dk; ++i) {
     const double ki = k[i];
-    double* row = state + i * dv;
-    for (int64_t j = 0; j < dv; ++j) {
-      row[j] *= decay;
-      r[j] += row[j] * ki;
-    }
+    const float* row = state + i * dv;
+    for (int64_t j = 0; j < dv; ++j) r[j] += (static_cast<double>(row[j]) * decay) * ki;
   }
   for (int64_t j = 0; j < dv; ++j) r[j] = beta * (v[j] - r[j]);  // r is now the update delta
   for (int64_t j = 0; j < dv; ++j) o[j] = 0.0;
   for (int64_t i = 0; i < dk; ++i) {
     const double ki = k[i], qi = q[i];
-    double* row = state + i * dv;
+    float* row = state + i * dv;
     if (out) {
       S* out_row = out + i * dv;
       for (int64_t j = 0; j < dv; ++j) {
-        row[j] += ki * r[j];
-        o[j] += qi * row[j];
-        out_row[j] = Round<S>(row[j]);
-        row[j] = ToDouble(out_row[j]);
+        const double x = static_cast<double>(row[j]) * decay + ki * r[j];
+        o[j] += qi * x;
+        out_row[j] = Round<S>(x);
+        row[j] = static_cast<float>(ToDouble(out_row[j]));
       }
     } else {
       for (int64_t j = 0; j < dv; ++j) {
-        row[j] += ki * r[j];
-        o[j] += qi * row[j];
-        row[j] = ToDouble(Round<S>(row[j]));
+        const double x = static_cast<double>(row[j]) * decay + ki * r[j];
+        o[j] += qi * x;
+        row[j] = static_cast<float>(ToDouble(Round<S>(x)));
       }
     }
   }
@@ -249,11 +249,12 @@ class Kernel {
     const int64_t hk = h / (p_.num_v_heads / p_.num_k_heads);  // repeat_interleave, as HF and ORT
     const int64_t dk = p_.k_head_dim, dv = p_.v_head_dim, block = dk * dv;
     const S* past = static_cast<const S*>(p_.past_recurrent) + task * block;
-    thread_local std::vector<double> state, r, o;  // a task's only allocations, once per thread
+    thread_local std::vector<float> state;  // values of S between tokens (DeltaRuleStep)
+    thread_local std::vector<double> r, o;  // a task's only allocations, once per thread
     state.resize(static_cast<size_t>(block));
     r.resize(static_cast<size_t>(dv));
     o.resize(static_cast<size_t>(dv));
-    for (int64_t e = 0; e < block; ++e) state[e] = ToDouble(past[e]);
+    for (int64_t e = 0; e < block; ++e) state[e] = static_cast<float>(ToDouble(past[e]));
     auto slot_out = [&](int64_t slot) {
       return static_cast<S*>(p_.present_recurrent) + (slot * p_.batch * p_.num_v_heads + task) * block;
     };
