@@ -10,10 +10,11 @@ and after the matmul rewrite both projections are ort_mtp::MatMulNBits nodes. Th
 one MatMulNBits reading the gate's weights as its first set and the up's as its second (N2 = N), whose
 output y is silu(gate) * up with gate and up the bits the two projections computed. On a CPU that is
 four fewer nodes per layer (each costs ONNX Runtime a dispatch), one int8 quantisation of x instead of
-two, and one job for the thread pool instead of two; rows still do not depend on the width (each
-output is a function of its own row's projections). The activation is the op's own definition
-(float32 g / (1 + exp(-g)) * u), not ONNX Runtime's Sigmoid and Mul kernels, so the output may differ
-from the unfused graph's by float32 rounding.
+two, and one thread-pool job for both projections (then one for the activation); rows still do not
+depend on the width (each output is a function of its own row's projections). The activation is the
+op's own definition (g / (1 + exp(-g)) * u in float32 with its own exp: matmul_nbits_cpu.cc, SiluMul),
+not ONNX Runtime's Sigmoid and Mul kernels, so the output may differ from the unfused graph's by float32
+rounding.
 
 A match is kept as it was, and reported with the reason, when the projections differ in anything
 but their weights (K, N, bits, block size, accuracy level), take the tiles layout or g_idx, only one
