@@ -1,20 +1,30 @@
-"""What the CPU fusions buy: the main graph's forward time per width with every rewrite (the driver's
-default), and without the mlp fusion, the gated-attention fusion, or both, on one model folder.
+"""CPU forward time per width of one model folder under several variants of the driver's sessions, timed
+round-robin in one process: by default every rewrite (the driver's default) against the same without the
+mlp fusion, the gated-attention fusion, or both.
 
     python bench/cpu_fusions.py --model /tmp/small [--reps 25] [--threads 2] [--out FILE]
+        [--variants default,no-mlp,...] [--library NAME=PATH ...]
 
-All four sessions live in one process and are timed round-robin per width (2 warm-up forwards, then
-10 timed, per turn), so a noisy machine's slow spells fall on every variant alike; the figure is the
-median over --reps turns of the mean forward time. The forwards run at a fixed cache length after a
-short prompt (GraphRunner.forward without committing), as a decode step (width 1) and an MTP verify
-(width k + 1) run them.
+Variants: `default`; `no-<kind>` (every rewrite but ops.rewrite's kind <kind>, e.g. no-mlp);
+`neither` (no mlp and no gated-attention fusion); `plain-run-options` (the driver's defaults, but each
+run given a RunOptions without the gpu_graph_id entry, as the driver did before driver/device.py set it);
+and, for each `--library NAME=PATH`, `NAME`: the driver's defaults on that build of the custom-op
+library (ORT_MTP_LIBRARY for that session only), to time two builds of one kernel against each other.
+
+All sessions live in one process and are timed round-robin per width (2 warm-up forwards, then 10 timed,
+per turn), so a noisy machine's slow spells fall on every variant alike; the figure is the median over
+--reps turns of the mean forward time. The forwards run at a fixed cache length after a short prompt
+(GraphRunner.forward without committing), as a decode step (width 1) and an MTP verify (width k + 1) run
+them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -24,6 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import onnxruntime as ort  # noqa: E402
+
+import driver.device  # noqa: E402
 import ops.rewrite  # noqa: E402
 from driver import Generator  # noqa: E402
 
@@ -31,18 +44,48 @@ WIDTHS = (1, 2, 4)
 PROMPT = "def read_config(path):\n    with open(path) as f:\n"
 
 
-def variants() -> dict:
+DEFAULT_VARIANTS = ("default", "no-mlp", "no-gated-attention", "neither")
+
+
+def rewrite_of(variant: str):
+    """The Generator's rewrite argument for a variant name (None: not a rewrite variant)."""
     every = ops.rewrite.REWRITES
-    without = lambda *kinds: tuple(k for k in every if k not in kinds)  # noqa: E731
-    return {"default": True, "no-mlp": without(ops.rewrite.MLP),
-            "no-gated-attention": without(ops.rewrite.GATED_ATTENTION),
-            "neither": without(ops.rewrite.MLP, ops.rewrite.GATED_ATTENTION)}
+    if variant in ("default", "plain-run-options"):
+        return True
+    if variant == "neither":
+        return tuple(k for k in every if k not in (ops.rewrite.MLP, ops.rewrite.GATED_ATTENTION))
+    if variant.startswith("no-") and variant[3:] in every:
+        return tuple(k for k in every if k != variant[3:])
+    return None
 
 
-def measure(model: str, reps: int, threads: int) -> dict:
+@contextlib.contextmanager
+def session_setting(variant: str, libraries: dict):
+    """What a variant changes while its Generator's sessions are made (the run options are made then too)."""
+    saved_env, saved_options = os.environ.get("ORT_MTP_LIBRARY"), driver.device.CpuDevice.run_options
+    try:
+        if variant in libraries:
+            os.environ["ORT_MTP_LIBRARY"] = libraries[variant]
+        if variant == "plain-run-options":
+            driver.device.CpuDevice.run_options = lambda self, graph_id=None: ort.RunOptions()
+        yield
+    finally:
+        driver.device.CpuDevice.run_options = saved_options
+        if saved_env is None:
+            os.environ.pop("ORT_MTP_LIBRARY", None)
+        else:
+            os.environ["ORT_MTP_LIBRARY"] = saved_env
+
+
+def measure(model: str, reps: int, threads: int, variants: list[str], libraries: dict) -> dict:
     gens = {}
-    for name, rewrite in variants().items():
-        gen = Generator(model, mode="greedy", rewrite=rewrite, threads=threads)
+    for name in variants:
+        rewrite = True if name in libraries else rewrite_of(name)
+        if rewrite is None:
+            raise SystemExit(f"unknown variant {name!r}")
+        with session_setting(name, libraries):
+            gen = Generator(model, mode="greedy", rewrite=rewrite, threads=threads)
+            gen.main._options(None)  # the run options are made now, under the variant's setting
         gen.generate(PROMPT, 16)
         gens[name] = gen
     times = {(name, w): [] for name in gens for w in WIDTHS}
@@ -64,15 +107,21 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="JSON file (default: print only)")
+    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated (see above)")
+    ap.add_argument("--library", action="append", default=[], metavar="NAME=PATH",
+                    help="a variant NAME on the library build at PATH (repeatable)")
     args = ap.parse_args()
-    rows = measure(args.model, args.reps, args.threads)
+    libraries = dict(item.split("=", 1) for item in args.library)
+    variants = [v for v in args.variants.split(",") if v] + [n for n in libraries if n not in args.variants.split(",")]
+    rows = measure(args.model, args.reps, args.threads, variants, libraries)
     for name, row in rows.items():
         print(name, json.dumps(row), flush=True)
     result = {"command": "python bench/cpu_fusions.py " + " ".join(sys.argv[1:]),
               "date": datetime.date.today().isoformat(),
               "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                          cwd=ROOT).stdout.strip(),
-              "model": args.model, "reps": args.reps, "threads": args.threads, "forward_ms": rows}
+              "model": args.model, "reps": args.reps, "threads": args.threads, "libraries": libraries,
+              "forward_ms": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(f"wrote {args.out}")

@@ -64,8 +64,9 @@ class CpuDevice:
     def run_options(self, graph_id: int | None = None) -> ort.RunOptions:
         options = ort.RunOptions()
         # ONNX Runtime's Python run_with_iobinding looks this key up on every run; where it is absent the
-        # lookup raises and catches a C++ exception, ~26 us, which was ~8% of a decode step of the
-        # default model (cProfile, 2 cores). -1 is its "no graph" value: the CPU EP captures none anyway.
+        # lookup raises and catches a C++ exception, a cost of the order of a small model's whole forward
+        # (bench/cpu_fusions.py --variants default,plain-run-options measures it). -1 is its "no graph"
+        # value: the CPU EP captures none anyway.
         options.add_run_config_entry(GPU_GRAPH_ID, "-1")
         return options
 
