@@ -148,6 +148,12 @@ def _first_names(nodes: list[str]) -> str:
     return ", ".join(repr(n) for n in nodes[:2]) + (f" and {len(nodes) - 2} more" if len(nodes) > 2 else "")
 
 
+def _print_kept(name: str, kept: list[tuple[str, str]], what: str, where: str) -> None:
+    """One note line per reason: "kept <what> 'a', 'b' and N more <where>: <why>"."""
+    for why, nodes in _by_reason(kept):
+        print(f"note: {name}: kept {what}{_first_names(nodes)} {where}: {why}", file=sys.stderr)
+
+
 def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
     if isinstance(report, FileReport):
         models = {report.source.name: report.model}
@@ -174,31 +180,23 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
         if ATTENTION in kinds and (nodes.total or kinds == (ATTENTION,)):
             print(f"{name}: rewrote {len(nodes.rewritten)} of {nodes.total} GroupQueryAttention nodes "
                   "into ort_mtp GroupQueryAttention")
-            for why, kept in _by_reason(nodes.kept):
-                shown = _first_names(kept)
-                print(f"note: {name}: kept GroupQueryAttention {shown} as com.microsoft: {why}", file=sys.stderr)
+            _print_kept(name, nodes.kept, "GroupQueryAttention ", "as com.microsoft")
         dense = model.float_matmul
         if FLOAT_MATMUL in kinds and (dense.rewritten or kinds == (FLOAT_MATMUL,)):
             pairs = len(model.float_matmul_merged)
             merged = f" ({pairs} pairs reading one input merged into two-weight nodes)" if pairs else ""
             print(f"{name}: rewrote {len(dense.rewritten)} of {dense.total} MatMul nodes into ort_mtp MatMul{merged}")
-            for why, kept in _by_reason(dense.kept):
-                shown = _first_names(kept)
-                print(f"note: {name}: kept MatMul {shown} on ONNX Runtime's: {why}", file=sys.stderr)
+            _print_kept(name, dense.kept, "MatMul ", "on ONNX Runtime's")
         mlps = model.mlp
         if MLP in kinds and (mlps.rewritten or kinds == (MLP,)):
             print(f"{name}: fused {len(mlps.rewritten)} of {mlps.total} gated MLPs (gate, up, SiLU) into one "
                   "ort_mtp MatMulNBits each")
-            for why, kept in _by_reason(mlps.kept):
-                shown = _first_names(kept)
-                print(f"note: {name}: kept the MLP of {shown} as separate nodes: {why}", file=sys.stderr)
+            _print_kept(name, mlps.kept, "the MLP of ", "as separate nodes")
         mixers = model.gated_attention
         if GATED_ATTENTION in kinds and (mixers.rewritten or kinds == (GATED_ATTENTION,)):
             print(f"{name}: fused {len(mixers.rewritten)} of {mixers.total} attention mixers (q/gate split, norms, "
                   "rotary, attention, gate) into ort_mtp GatedAttention")
-            for why, kept in _by_reason(mixers.kept):
-                shown = _first_names(kept)
-                print(f"note: {name}: kept the attention mixer of {shown} as separate nodes: {why}", file=sys.stderr)
+            _print_kept(name, mixers.kept, "the attention mixer of ", "as separate nodes")
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}

@@ -233,33 +233,31 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
     if MATMUL in kinds:
         outcome = patterns.apply(view, patterns.MatMulNBitsRewrite(), node_filter.selects)
         report.rewritten, report.unsupported, report.filtered_out = outcome.rewritten, outcome.kept, outcome.filtered_out
+
+    def blocks(rewrite) -> BlockReport:
+        outcome = patterns.apply(view, rewrite, node_filter.selects)
+        return BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+
     if LINEAR_ATTENTION in kinds:
-        outcome = patterns.apply(view, LinearAttentionRewrite(gated_delta_net), node_filter.selects)
-        report.linear_attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+        report.linear_attention = blocks(LinearAttentionRewrite(gated_delta_net))
     if ATTENTION in kinds:
         from .attention import AttentionRewrite
 
-        outcome = patterns.apply(view, AttentionRewrite(attention), node_filter.selects)
-        report.attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+        report.attention = blocks(AttentionRewrite(attention))
     if FLOAT_MATMUL in kinds:
-        from .float_matmul import FloatMatMulRewrite
+        from .float_matmul import FloatMatMulRewrite, merge_shared_inputs
 
-        outcome = patterns.apply(view, FloatMatMulRewrite(float_matmul), node_filter.selects)
-        report.float_matmul = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
-        if outcome.rewritten:  # pairs reading one A: one launch (ops.float_matmul.merge_shared_inputs)
-            from .float_matmul import merge_shared_inputs
-
+        report.float_matmul = blocks(FloatMatMulRewrite(float_matmul))
+        if report.float_matmul.rewritten:  # pairs reading one A: one launch (ops.float_matmul.merge_shared_inputs)
             report.float_matmul_merged = merge_shared_inputs(view)
     if MLP in kinds:
         from .mlp import MlpRewrite
 
-        outcome = patterns.apply(view, MlpRewrite(mlp), node_filter.selects)
-        report.mlp = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+        report.mlp = blocks(MlpRewrite(mlp))
     if GATED_ATTENTION in kinds:
         from .gated_attention import GatedAttentionRewrite
 
-        outcome = patterns.apply(view, GatedAttentionRewrite(gated_attention), node_filter.selects)
-        report.gated_attention = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
+        report.gated_attention = blocks(GatedAttentionRewrite(gated_attention))
     if report.changed:
         rewritten = ir.serde.serialize_model(view)
         _keep_value_info(model, rewritten)

@@ -351,25 +351,8 @@ struct GatedAttentionOp : Ort::CustomOpBase<GatedAttentionOp<kType, kCuda>, Gate
 // the kernel has passed its GPU group (tests/gpu, gated-attention). Without them CUDA models keep the
 // builder's nodes: the rewrite asks the library which kernels it has (ops/gated_attention.py).
 void AddGatedAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  static GatedAttentionOp<FloatType::kFloat32, false> cpu_f32;
-  static GatedAttentionOp<FloatType::kFloat16, false> cpu_f16;
-  static GatedAttentionOp<FloatType::kBFloat16, false> cpu_bf16;
-  domain.Add(&cpu_f32);
-  domain.Add(&cpu_f16);
-  domain.Add(&cpu_bf16);
-#ifdef ORT_MTP_WITH_CUDA
   const char* choice = std::getenv("ORT_MTP_GATED_ATTENTION_CUDA");
-  if (with_cuda && choice != nullptr && std::string(choice) == "1") {
-    static GatedAttentionOp<FloatType::kFloat32, true> cuda_f32;
-    static GatedAttentionOp<FloatType::kFloat16, true> cuda_f16;
-    static GatedAttentionOp<FloatType::kBFloat16, true> cuda_bf16;
-    domain.Add(&cuda_f32);
-    domain.Add(&cuda_f16);
-    domain.Add(&cuda_bf16);
-  }
-#else
-  (void)with_cuda;
-#endif
+  AddFloatTypedOps<GatedAttentionOp>(domain, with_cuda && choice != nullptr && std::string(choice) == "1");
 }
 
 }  // namespace ort_mtp

@@ -263,25 +263,8 @@ void RunGqaCpu(Ort::KernelContext& ctx, const GroupQueryAttentionProblem& p) {
 // the 27B-class folder's MTP stream equals greedy's where ORT's node does not (bench/results/
 // 2026-12-03-float-matmul); the speeds against ORT's node are in bench/group_query_attention.py's results.
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  static GroupQueryAttentionOp<FloatType::kFloat32, false> cpu_f32;
-  static GroupQueryAttentionOp<FloatType::kFloat16, false> cpu_f16;
-  static GroupQueryAttentionOp<FloatType::kBFloat16, false> cpu_bf16;
-  domain.Add(&cpu_f32);
-  domain.Add(&cpu_f16);
-  domain.Add(&cpu_bf16);
-#ifdef ORT_MTP_WITH_CUDA
   const char* choice = std::getenv("ORT_MTP_GQA_CUDA");
-  if (with_cuda && !(choice != nullptr && std::string(choice) == "0")) {
-    static GroupQueryAttentionOp<FloatType::kFloat32, true> cuda_f32;
-    static GroupQueryAttentionOp<FloatType::kFloat16, true> cuda_f16;
-    static GroupQueryAttentionOp<FloatType::kBFloat16, true> cuda_bf16;
-    domain.Add(&cuda_f32);
-    domain.Add(&cuda_f16);
-    domain.Add(&cuda_bf16);
-  }
-#else
-  (void)with_cuda;
-#endif
+  AddFloatTypedOps<GroupQueryAttentionOp>(domain, with_cuda && !(choice != nullptr && std::string(choice) == "0"));
 }
 
 }  // namespace ort_mtp

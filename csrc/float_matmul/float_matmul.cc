@@ -135,24 +135,7 @@ struct FloatMatMulOp : Ort::CustomOpBase<FloatMatMulOp<kType, kCuda>, FloatMatMu
 }  // namespace
 
 void AddFloatMatMulOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  static FloatMatMulOp<FloatType::kFloat32, false> cpu_f32;
-  static FloatMatMulOp<FloatType::kFloat16, false> cpu_f16;
-  static FloatMatMulOp<FloatType::kBFloat16, false> cpu_bf16;
-  domain.Add(&cpu_f32);
-  domain.Add(&cpu_f16);
-  domain.Add(&cpu_bf16);
-#ifdef ORT_MTP_WITH_CUDA
-  if (with_cuda) {
-    static FloatMatMulOp<FloatType::kFloat32, true> cuda_f32;
-    static FloatMatMulOp<FloatType::kFloat16, true> cuda_f16;
-    static FloatMatMulOp<FloatType::kBFloat16, true> cuda_bf16;
-    domain.Add(&cuda_f32);
-    domain.Add(&cuda_f16);
-    domain.Add(&cuda_bf16);
-  }
-#else
-  (void)with_cuda;
-#endif
+  AddFloatTypedOps<FloatMatMulOp>(domain, with_cuda);
 }
 
 }  // namespace ort_mtp
