@@ -33,6 +33,8 @@ FAMILIES = [
     ("state copies (ours)", r"CopySlots"),
     ("gated delta net (ours)", r"GdnKernel|ort_mtp::.*FinishKernel"),
     ("linear attention", r"[Ll]inear[Aa]ttention|delta|Delta|gated_delta|chunk"),
+    ("gated attention mixer (ours)", r"ort_mtp::.*(PrepareKernel|GateKernel)"),
+    ("attention (ours)", r"ort_mtp::.*(AttendKernel|CombineKernel|FillKernel|PrefillKernel)"),
     ("causal conv", r"[Cc]onv"),
     ("attention", r"[Aa]ttention|flash|Flash|fmha|mha|GQA|rotary|Rotary"),
     ("norms", r"[Nn]orm"),
@@ -76,6 +78,7 @@ def profile(gen, prompt: list[int], new_tokens: int, mode: str, k: int) -> dict:
         "mode": mode, "draft_tokens": k if mode == "mtp" else 0, "new_tokens": n,
         "wall_ms_per_token_eager": 1e3 * wall / n,
         "gpu_kernel_ms_per_token": total / 1e3 / n,
+        "kernels_per_token": sum(v[1] for v in kernels.values()) / n,
         "families_ms_per_token": {f: us / 1e3 / n for f, us in sorted(fams.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": name[:160], "ms_per_token": us / 1e3 / n, "calls": calls}
                         for name, (us, calls) in top],
@@ -109,7 +112,7 @@ def main(argv=None) -> int:
     (out_dir / args.json).write_text(json.dumps({"folder": str(folder), "rewrite": args.rewrite, "runs": runs}, indent=1))
     for r in runs:
         print(f"\n{r['mode']} (k={r['draft_tokens']}), {r['new_tokens']} tokens: GPU kernels "
-              f"{r['gpu_kernel_ms_per_token']:.2f} ms/token, eager wall {r['wall_ms_per_token_eager']:.2f} ms/token")
+              f"{r['gpu_kernel_ms_per_token']:.2f} ms/token ({r['kernels_per_token']:.0f} kernels), eager wall {r['wall_ms_per_token_eager']:.2f} ms/token")
         for fam, ms in r["families_ms_per_token"].items():
             print(f"  {fam:24s} {ms:7.3f} ms/token  {100 * ms / r['gpu_kernel_ms_per_token']:5.1f}%")
         for kern in r["top_kernels"][:12]:
