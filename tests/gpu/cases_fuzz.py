@@ -4,7 +4,8 @@ The same kind of cases as tests/test_ops_fuzz.py runs on the CPU EP (seeds 0 and
 shapes, element types, declared output types, attributes, bound buffers, weights as initializers or
 graph inputs, each a valid base with zero to two contract-breaking mutations. A valid case must equal
 the reference (CopySlots bitwise, MatMulNBits within the float64 reference's rounding bound), a
-mutated one must give ONNX Runtime's error, and none may crash the process: on the CUDA EP that also
+mutated one must give ONNX Runtime's error (on CUDA, a bad value only the attention kernels' device-side
+checks see, op_fuzz.DEVICE_CHECKED, must give NaN output rows instead: outcome "nan"), and none may crash the process: on the CUDA EP that also
 covers the CUDA kernels' own checks and their launches on odd shapes. One record per case; a crash
 names the case that was running (rerun it alone with the record's `reproduce` command).
 """
