@@ -21,8 +21,8 @@ node of the graph writes a tensor), so its output may differ from the sixteen no
 rounding. A mixer that differs in anything the op does not compute (another split or reshape, norms
 with different epsilons or over another axis, interleaved or scaled rotary, the two rotaries not
 sharing positions and caches, casts to anything but float32 and back, a value inside the block read
-outside it, a type the library has no kernel for on the model's provider: on CUDA unless the library
-registers its CUDA kernel, ORT_MTP_GATED_ATTENTION_CUDA=1) is kept as it is and reported with the
+outside it, a type the library has no kernel for on the model's provider: on CUDA when the library
+was loaded with ORT_MTP_GATED_ATTENTION_CUDA=0) is kept as it is and reported with the
 reason. Candidates are ort_mtp::GroupQueryAttention nodes.
 """
 

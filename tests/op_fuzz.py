@@ -687,17 +687,21 @@ def run_group_query_attention(case: dict, provider: str) -> str:
         values = {k: v for k, v in feeds.items() if k in inputs}
         if not shared:
             return session.run(None, values)
-        # The driver's binding: present written into past's own buffers (on the host: CPU OrtValues).
-        arrays = {k: v.copy() for k, v in values.items()}  # kept alive: the OrtValues use their memory
-        bound = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in arrays.items()}
+        # The driver's binding: present written into past's own buffers, which must be on the provider's
+        # device (a host buffer bound to a CUDA session would be copied, and the copy would not be shared);
+        # total_sequence_length stays on the host, where the op reads it.
+        arrays = {k: v.copy() for k, v in values.items()}  # kept alive: host OrtValues use their memory
+        bound = {k: ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0) if provider == "cuda" and k != "total_sequence_length"
+                 else ort.OrtValue.ortvalue_from_numpy(v) for k, v in arrays.items()}
         binding = session.io_binding()
         for name, value in bound.items():
             binding.bind_ortvalue_input(name, value)
-        binding.bind_output("output")
+        binding.bind_output("output", "cuda" if provider == "cuda" else "cpu")
         binding.bind_ortvalue_output("present_key", bound["past_key"])
         binding.bind_ortvalue_output("present_value", bound["past_value"])
         session.run_with_iobinding(binding)
-        return [binding.get_outputs()[0].numpy(), arrays["past_key"].copy(), arrays["past_value"].copy()]
+        cache = [bound[k].numpy() if provider == "cuda" else arrays[k].copy() for k in ("past_key", "past_value")]
+        return [binding.get_outputs()[0].numpy(), *cache]
 
     outcome, result = attempt(go)
     if case["mutations"]:

@@ -4,7 +4,6 @@
 // rounding to T, then the rotary, rounding to T, into the scratch; v heads are copied. Then
 // GroupQueryAttentionCuda (its width-consistent passes for S <= 16). GateKernel: output *= sigmoid(gate)
 // element by element. float32 arithmetic (the CPU op's is double): the two differ by float32 rounding.
-// Not yet run on a GPU: registered only with ORT_MTP_GATED_ATTENTION_CUDA=1 (gated_attention.cc).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

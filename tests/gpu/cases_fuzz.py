@@ -21,8 +21,7 @@ import op_fuzz  # noqa: E402
 
 OPS = ("CopySlots", "MatMulNBits", "GatedDeltaNet", "GroupQueryAttention", "GatedAttention",
        "MatMulNBitsPair")  # op_fuzz.CASE_MAKERS
-CASES = 225 * len(OPS)  # case i runs op i % len(OPS); GatedAttention, while its CUDA kernel is opt-in
-# (ORT_MTP_GATED_ATTENTION_CUDA=1), runs on the CPU EP's kernel under ORT's fallback
+CASES = 225 * len(OPS)  # case i runs op i % len(OPS)
 SEEDS = (0, 1)
 # MatMulNBits' two-weight forms are refused by its CUDA kernel, so on CUDA each of their cases is an error.
 OUTCOMES = tuple(f"{op} {outcome}" for op in OPS for outcome in ("ok", "error") if (op, outcome) != ("MatMulNBitsPair", "ok"))

@@ -1,6 +1,5 @@
 """ort_mtp::GatedAttention on the device: the checks of the gated-attention group (the CUDA kernel,
-csrc/attention/gated_attention_cuda.cu, registered only with ORT_MTP_GATED_ATTENTION_CUDA=1, which the
-group sets, until these checks have passed on a GPU).
+csrc/attention/gated_attention_cuda.cu).
 
 Every case has fresh random inputs from the run's seed (ops.gated_attention.random_case: `past` cached
 positions in a longer buffer, S new tokens, the three MRoPE streams at distinct positions), runs the

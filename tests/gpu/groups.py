@@ -78,12 +78,10 @@ GROUP_QUERY_ATTENTION = [
           "buffer, bad seqlens_k", cases_group_query_attention.check_group_query_attention),
 ]
 
-# Registered only with ORT_MTP_GATED_ATTENTION_CUDA=1 until this group has passed on a GPU (the .cc says so).
 GATED_ATTENTION = [
     Group("gated-attention", "GatedAttention: CUDA against our CPU op (27B-class layer at S = 1, 5, 16 and a "
           "prompt, the presets' shapes, fp16/bf16/fp32, both MRoPE layouts), width S bit-identical to S width-1 "
-          "calls, a bad position", cases_gated_attention.check_gated_attention,
-          {"ORT_MTP_GATED_ATTENTION_CUDA": "1"}),
+          "calls, a bad position", cases_gated_attention.check_gated_attention),
 ]
 
 FLOAT_MATMUL = [

@@ -1,7 +1,6 @@
 """ort_mtp::GatedAttention's CUDA kernel (cases_gated_attention.py): against our CPU op within a tolerance
 derived from the arithmetic, a width-S call bit-identical to S width-1 calls (every output row and the
-cache), and a position past the cos/sin caches; in its own process, with the kernel registered
-(ORT_MTP_GATED_ATTENTION_CUDA=1)."""
+cache), and a position past the cos/sin caches; in its own process."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 # The first GPU run of ort_mtp::GatedAttention's CUDA kernel (H200), after the device setup chunks:
 #   bash bench/results/2026-12-05-gated-attention-cuda/run.sh a   # library, GPU group, memcheck, e2e default
 #   bash bench/results/2026-12-05-gated-attention-cuda/run.sh b   # GPU group again, op fuzz and e2e with the kernel, kernel profiles
+#   bash bench/results/2026-12-05-gated-attention-cuda/run.sh c   # (the kernel on by default) GPU group, op fuzz, e2e A/B at 128 tokens
 # The library is built on this machine (cmake -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real, Release),
 # stripped and carried xz-compressed as .devlib/libort_mtp_ops.so.xz; built there if it does not load.
 # Everything lands in /tmp/r and comes back as one archive ($OUT/r_<stage>.tgz: $OUT returns 8 files at most).
@@ -30,6 +31,15 @@ if [ "$1" = a ]; then
   st e2e default
   OUT=$R timeout 330 python3 bench/e2e_27b.py --configurations ours --prompts 4 --new-tokens 256 --repetitions 3 --phases > $R/e2e_default.log 2>&1; echo "e2e default rc $?" | tee -a $R/steps.log
   mv $R/e2e_27b.json $R/e2e_default.json 2>/dev/null; tail -14 $R/e2e_default.log
+elif [ "$1" = c ]; then
+  st op fuzz: GatedAttention on its CUDA kernel by default now
+  timeout 120 python3 -m pytest tests/gpu -k op_fuzz --gpu-jobs 2 -v -rA --gpu-logs $R/fuzz_logs > $R/fuzz.log 2>&1; echo "fuzz rc $?" | tee -a $R/steps.log
+  sed -n '/short test summary/,$p' $R/fuzz.log | cut -c1-300 | tail -4; grep -h "^FAIL" $R/fuzz_logs/*.log | cut -c1-250 | head -12
+  for ga in 0 1; do
+    st e2e ORT_MTP_GATED_ATTENTION_CUDA=$ga, 128 new tokens
+    ORT_MTP_GATED_ATTENTION_CUDA=$ga OUT=$R timeout 150 python3 bench/e2e_27b.py --configurations ours --prompts 4 --new-tokens 128 --repetitions 2 --skip-identity > $R/e2e_ga$ga.log 2>&1; echo "e2e ga=$ga rc $?" | tee -a $R/steps.log
+    mv $R/e2e_27b.json $R/e2e_ga$ga.json 2>/dev/null; grep -E "^ours " $R/e2e_ga$ga.log
+  done
 else
   st op fuzz with the GatedAttention CUDA kernel
   ORT_MTP_GATED_ATTENTION_CUDA=1 timeout 130 python3 -m pytest tests/gpu -k op_fuzz --gpu-jobs 2 -v -rA --gpu-logs $R/fuzz_logs > $R/fuzz.log 2>&1; echo "fuzz rc $?" | tee -a $R/steps.log
