@@ -205,11 +205,12 @@ def rewrite_summary(gen, rewrite) -> dict:
 
     if not rewrite:
         return {"matmul_nbits": 0, "gated_delta_net": 0, "linear_attention_kept": 0, "group_query_attention": 0,
-                "float_matmul": 0}
+                "float_matmul": 0, "gated_attention": 0, "mlp": 0}
     report = rewrite_graph(gen.folder.main, rewrite, gen.device)[1]
     return {"matmul_nbits": report.count, "gated_delta_net": len(report.linear_attention.rewritten),
             "linear_attention_kept": len(report.linear_attention.kept),
-            "group_query_attention": len(report.attention.rewritten), "float_matmul": len(report.float_matmul.rewritten)}
+            "group_query_attention": len(report.attention.rewritten), "float_matmul": len(report.float_matmul.rewritten),
+            "gated_attention": len(report.gated_attention.rewritten), "mlp": len(report.mlp.rewritten)}
 
 
 def run_genai(folder: Path, prompts: list[list[int]], new_tokens: int) -> dict:
