@@ -35,10 +35,11 @@ elif [ "$1" = c ]; then
   st op fuzz: GatedAttention on its CUDA kernel by default now
   timeout 120 python3 -m pytest tests/gpu -k op_fuzz --gpu-jobs 2 -v -rA --gpu-logs $R/fuzz_logs > $R/fuzz.log 2>&1; echo "fuzz rc $?" | tee -a $R/steps.log
   sed -n '/short test summary/,$p' $R/fuzz.log | cut -c1-300 | tail -4; grep -h "^FAIL" $R/fuzz_logs/*.log | cut -c1-250 | head -12
+  grep -h '"summary"\|GatedAttention nan\|cases,' $R/fuzz_logs/*.log | head -4; pack c  # kept if the lease ends early
   for ga in 0 1; do
     st e2e ORT_MTP_GATED_ATTENTION_CUDA=$ga, 128 new tokens
     ORT_MTP_GATED_ATTENTION_CUDA=$ga OUT=$R timeout 150 python3 bench/e2e_27b.py --configurations ours --prompts 4 --new-tokens 128 --repetitions 2 --skip-identity > $R/e2e_ga$ga.log 2>&1; echo "e2e ga=$ga rc $?" | tee -a $R/steps.log
-    mv $R/e2e_27b.json $R/e2e_ga$ga.json 2>/dev/null; grep -E "^ours " $R/e2e_ga$ga.log
+    mv $R/e2e_27b.json $R/e2e_ga$ga.json 2>/dev/null; grep -E "^ours " $R/e2e_ga$ga.log; pack c
   done
 else
   st op fuzz with the GatedAttention CUDA kernel
