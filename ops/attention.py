@@ -52,9 +52,6 @@ class AttentionRewrite(Rewrite):
 
     name = ATTENTION
 
-    def __init__(self, available=None):
-        self.available = available
-
     def rules(self) -> list[RewriteRule]:
         return [RewriteRule(self._pattern, self._replacement, self._check, name="GroupQueryAttentionToOrtMtp")]
 
@@ -77,10 +74,7 @@ class AttentionRewrite(Rewrite):
         problem = unsupported_reason(node)
         if problem:
             raise PatternMismatch(None, problem)
-        if self.available is not None:
-            problem = self.available(query.dtype)
-            if problem:
-                raise PatternMismatch(None, problem)
+        self.require_available(query.dtype)
         return True
 
     @staticmethod

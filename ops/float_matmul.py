@@ -123,9 +123,6 @@ class FloatMatMulRewrite(Rewrite):
 
     name = FLOAT_MATMUL
 
-    def __init__(self, available=None):
-        self.available = available
-
     def rules(self) -> list[RewriteRule]:
         return [RewriteRule(self._pattern, self._replacement, self._check, name="MatMulToOrtMtp")]
 
@@ -143,10 +140,7 @@ class FloatMatMulRewrite(Rewrite):
         problem = unsupported_reason(node)
         if problem:
             raise PatternMismatch(None, problem)
-        if self.available is not None:
-            problem = self.available(b.const_value.dtype if b.const_value is not None else b.dtype)
-            if problem:
-                raise PatternMismatch(None, problem)
+        self.require_available(b.const_value.dtype if b.const_value is not None else b.dtype)
         return True
 
     @staticmethod

@@ -295,7 +295,7 @@ class GatedAttentionRewrite(Rewrite):
     name = GATED_ATTENTION
 
     def __init__(self, available=None):
-        self.available = available
+        super().__init__(available)
         self._planned: dict[ir.Node, dict] = {}
 
     def rules(self) -> list[RewriteRule]:
@@ -419,10 +419,7 @@ class GatedAttentionRewrite(Rewrite):
                                                    f"qkv's {_TYPES[dtype]}")
             elif n[f"{which}_rot"].inputs[0].dtype not in (None, dtype):
                 raise PatternMismatch(n[f"{which}_rot"], "the rotary runs in another type than qkv's")
-        if self.available is not None:
-            problem = self.available(dtype)
-            if problem:
-                raise PatternMismatch(None, problem)
+        self.require_available(dtype)
         attrs = {name: attribute(gqa, name) for name in _GQA_ATTRIBUTES if name in gqa.attributes}
         attrs.update(epsilon=norms[0], rotary_embedding_dim=int(rot), mrope_section=[int(x) for x in section],
                      mrope_layout=int(layout))

@@ -102,7 +102,7 @@ class LinearAttentionRewrite(Rewrite):
     name = LINEAR_ATTENTION
 
     def __init__(self, available=None):
-        self.available = available
+        super().__init__(available)
         self._planned: dict[ir.Node, dict] = {}
 
     def rules(self) -> list[RewriteRule]:
@@ -221,10 +221,7 @@ class LinearAttentionRewrite(Rewrite):
         _check_types_and_shapes(n, v, hk, hv, dk, dv, conv_dim, window)
         signature = Signature(v["qkv"].dtype, v["past_recurrent"].dtype, v["dt_bias"].dtype,
                               v["neg_exp_a"].dtype, bool(window))
-        if self.available is not None:
-            problem = self.available(signature)
-            if problem:  # not about this block: the same words for every block it applies to
-                raise PatternMismatch(None, problem)
+        self.require_available(signature)
         return {"num_k_heads": hk, "num_v_heads": hv, "k_head_dim": dk, "v_head_dim": dv,
                 "state_window": window, "scale": scale, "epsilon": epsilon}
 

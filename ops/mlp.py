@@ -70,9 +70,6 @@ class MlpRewrite(Rewrite):
 
     name = MLP
 
-    def __init__(self, available=None):
-        self.available = available
-
     def rules(self) -> list[RewriteRule]:
         # Mul is commutative: the rule's commuted forms match Mul(s, g) and Mul(up, h) too.
         return RewriteRule(self._pattern, self._replacement, self._check, name="GatedMlpToSwiGlu").commute()
@@ -99,10 +96,7 @@ class MlpRewrite(Rewrite):
         problem = unsupported_reason(gate.producer(), up.producer())
         if problem:
             raise PatternMismatch(None, problem)
-        if self.available is not None:
-            problem = self.available(x.dtype)
-            if problem:
-                raise PatternMismatch(None, problem)
+        self.require_available(x.dtype)
         return True
 
     @staticmethod

@@ -149,6 +149,11 @@ class Rewrite:
 
     name: str = ""
 
+    def __init__(self, available=None):
+        # available(key) -> None | reason, if given: whether the library runs the replacement for that key
+        # (an element type; the linear-attention rewrite's signature). Checks ask it through require_available.
+        self.available = available
+
     def rules(self) -> list[RewriteRule]:
         raise NotImplementedError
 
@@ -163,6 +168,14 @@ class Rewrite:
         """For checks: refuses a candidate the include/exclude patterns did not select."""
         if candidate not in self.selected:
             raise PatternMismatch(None, FILTERED)
+
+    def require_available(self, key) -> None:
+        """For checks: refuses a candidate whose replacement the library does not run (the same words for
+        every candidate it applies to)."""
+        if self.available is not None:
+            problem = self.available(key)
+            if problem:
+                raise PatternMismatch(None, problem)
 
     def unmatched_reason(self, candidate: ir.Node) -> str:
         """Why a candidate was kept when no attempt of any rule reached it."""

@@ -756,25 +756,24 @@ def _none_rewritten(blocks: BlockReport, what: str) -> str:
     return f"the include/exclude patterns select none of its {blocks.total} {what}"
 
 
+# The rewrites run alone whose candidates are one BlockReport: its ModelReport field, what the candidates
+# are, and what a model without any lacks.
+_SINGLE_KIND_WORDS = {
+    ATTENTION: ("attention", "GroupQueryAttention nodes", "has no com.microsoft GroupQueryAttention node"),
+    FLOAT_MATMUL: ("float_matmul", "MatMul nodes", "has no MatMul node"),
+    MLP: ("mlp", "gated MLPs",
+          "has no gated MLP on ort_mtp MatMulNBits nodes (the mlp rewrite runs after the matmul one)"),
+    GATED_ATTENTION: ("gated_attention", "attention mixers",
+                      "has no ort_mtp GroupQueryAttention node (the gated-attention rewrite runs after the attention one)"),
+}
+
+
 def _nothing_rewritten(source: Path, report: ModelReport, kinds=REWRITES) -> str:
-    if kinds == (ATTENTION,):
-        if report.attention.total:
-            return f"{source}: {_none_rewritten(report.attention, 'GroupQueryAttention nodes')}"
-        return f"{source} has no com.microsoft GroupQueryAttention node"
-    if kinds == (FLOAT_MATMUL,):
-        if report.float_matmul.total:
-            return f"{source}: {_none_rewritten(report.float_matmul, 'MatMul nodes')}"
-        return f"{source} has no MatMul node"
-    if kinds == (MLP,):
-        if report.mlp.total:
-            return f"{source}: {_none_rewritten(report.mlp, 'gated MLPs')}"
-        return f"{source} has no gated MLP on ort_mtp MatMulNBits nodes (the mlp rewrite runs after the matmul one)"
-    if kinds == (GATED_ATTENTION,):
-        if report.gated_attention.total:
-            return f"{source}: {_none_rewritten(report.gated_attention, 'attention mixers')}"
-        return (f"{source} has no ort_mtp GroupQueryAttention node (the gated-attention rewrite runs after the "
-                "attention one)")
-    kinds = tuple(k for k in kinds if k not in (ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION))  # the messages below are about the other kinds
+    if len(kinds) == 1 and kinds[0] in _SINGLE_KIND_WORDS:
+        field_name, what, lacks = _SINGLE_KIND_WORDS[kinds[0]]
+        blocks = getattr(report, field_name)
+        return f"{source}: {_none_rewritten(blocks, what)}" if blocks.total else f"{source} {lacks}"
+    kinds = tuple(k for k in kinds if k not in _SINGLE_KIND_WORDS)  # the messages below are about the other kinds
     blocks = report.linear_attention
     if MATMUL not in kinds and not blocks.total:
         return f"{source} has no linear-attention block (com.microsoft LinearAttention node)"
