@@ -21,6 +21,7 @@
 // that kernel out, and CUDA models then keep the builder's nodes (the rewrite asks the library).
 #include <algorithm>
 #include <array>
+#include <iterator>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +49,7 @@ constexpr const char* kInputNames[kInputCount] = {
     "qkv", "past_key", "past_value", "seqlens_k", "total_sequence_length", "position_ids", "cos_cache",
     "sin_cache", "q_norm_weight", "k_norm_weight"};
 constexpr int kOutputCount = 3;
+constexpr const char* kOutputNames[kOutputCount] = {"output", "present_key", "present_value"};
 constexpr int64_t kMaxRotary = 1 << 14;
 
 std::string InputLabel(int i) { return std::string("input ") + kInputNames[i]; }
@@ -165,16 +167,8 @@ struct GatedAttentionKernel {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
     attrs_ = ReadAttrs(info, where_);
-    if (info.GetInputCount() != kInputCount)
-      Fail(where_, "takes " + std::to_string(kInputCount) +
-                       " inputs (qkv, past_key, past_value, seqlens_k, total_sequence_length, position_ids, "
-                       "cos_cache, sin_cache, q_norm_weight, k_norm_weight), got " +
-                       std::to_string(info.GetInputCount()));
-    if (info.GetOutputCount() != kOutputCount)
-      Fail(where_, "has " + std::to_string(kOutputCount) + " outputs (output, present_key, present_value), got " +
-                       std::to_string(info.GetOutputCount()));
-    for (int i = 0; i < kInputCount; ++i)
-      if (info.GetInputName(i).empty()) Fail(where_, InputLabel(i) + " is required");
+    CheckNodeArity(info, where_, {std::begin(kInputNames), std::end(kInputNames)},
+                   {std::begin(kOutputNames), std::end(kOutputNames)});
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
@@ -224,8 +218,7 @@ struct GatedAttentionKernel {
 
   void Compute(OrtKernelContext* raw_ctx) {
     Ort::KernelContext ctx{raw_ctx};
-    if (ctx.GetInputCount() != kInputCount || ctx.GetOutputCount() != kOutputCount)
-      Fail(where_, "expects " + std::to_string(kInputCount) + " inputs and " + std::to_string(kOutputCount) + " outputs");
+    CheckCallArity(ctx, where_, kInputCount, kOutputCount);
     std::array<Ort::ConstValue, kInputCount> values;
     std::array<TensorDesc, kInputCount> in;
     for (int i = 0; i < kInputCount; ++i) {

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <iterator>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -87,15 +88,8 @@ struct GroupQueryAttentionKernel {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
     attrs_ = ReadGqaAttrs(info, where_);
-    if (info.GetInputCount() != kInputCount)
-      Fail(where_, "takes " + std::to_string(kInputCount) +
-                       " inputs (query, key, value, past_key, past_value, seqlens_k, total_sequence_length), got " +
-                       std::to_string(info.GetInputCount()));
-    if (info.GetOutputCount() != kOutputCount)
-      Fail(where_, "has " + std::to_string(kOutputCount) + " outputs (output, present_key, present_value), got " +
-                       std::to_string(info.GetOutputCount()));
-    for (int i = 0; i < kInputCount; ++i)
-      if (info.GetInputName(i).empty()) Fail(where_, InputLabel(i) + " is required");
+    CheckNodeArity(info, where_, {std::begin(kInputNames), std::end(kInputNames)},
+                   {std::begin(kOutputNames), std::end(kOutputNames)});
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* raw_ctx) {
@@ -104,9 +98,7 @@ struct GroupQueryAttentionKernel {
 
   void Compute(OrtKernelContext* raw_ctx) {
     Ort::KernelContext ctx{raw_ctx};
-    if (ctx.GetInputCount() != kInputCount || ctx.GetOutputCount() != kOutputCount)
-      Fail(where_, "expects " + std::to_string(kInputCount) + " inputs and " + std::to_string(kOutputCount) +
-                       " outputs");
+    CheckCallArity(ctx, where_, kInputCount, kOutputCount);
     GqaInputs in;
     for (int i = 0; i < kInputCount; ++i) in.Set(i, ctx.GetInput(i));
     const GroupQueryAttentionProblem p = PrepareGqa(ctx, where_, attrs_, type_, in, kCuda);

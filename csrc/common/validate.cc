@@ -13,6 +13,33 @@ std::string NodeLabel(const char* op, const std::string& node_name) {
   return std::string(op) + " node '" + node_name + "'";
 }
 
+namespace {
+std::string JoinNames(const std::vector<const char*>& names, int optional) {
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i)
+    s += std::string(i ? ", " : "") + names[i] + (static_cast<int>(i) == optional ? " (may be the empty name)" : "");
+  return s;
+}
+}  // namespace
+
+void CheckNodeArity(const Ort::ConstKernelInfo& info, const std::string& where, const std::vector<const char*>& inputs,
+                    const std::vector<const char*>& outputs, int optional) {
+  if (info.GetInputCount() != inputs.size())
+    Fail(where, "takes " + std::to_string(inputs.size()) + " inputs (" + JoinNames(inputs, optional) + "), got " +
+                    std::to_string(info.GetInputCount()));
+  if (info.GetOutputCount() != outputs.size())
+    Fail(where, "has " + std::to_string(outputs.size()) + " outputs (" + JoinNames(outputs, -1) + "), got " +
+                    std::to_string(info.GetOutputCount()));
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (static_cast<int>(i) != optional && info.GetInputName(i).empty())
+      Fail(where, std::string("input ") + inputs[i] + " is required");
+}
+
+void CheckCallArity(const Ort::KernelContext& ctx, const std::string& where, size_t inputs, size_t outputs) {
+  if (ctx.GetInputCount() != inputs || ctx.GetOutputCount() != outputs)
+    Fail(where, "expects " + std::to_string(inputs) + " inputs and " + std::to_string(outputs) + " outputs");
+}
+
 std::string ShapeToString(const std::vector<int64_t>& shape) {
   std::ostringstream s;
   s << "[";

@@ -53,6 +53,13 @@ void CheckShape(const std::string& where, const std::string& what, const TensorD
 void CheckOutput(const std::string& where, const std::string& what, const Ort::UnownedValue& out,
                  ONNXTensorElementDataType type, const std::vector<int64_t>& shape, const std::string& note = "");
 
+// At session creation: the node has the op's inputs and outputs (named in the message: `inputs` and
+// `outputs` hold the op's names) and names every input but `optional` (-1: none), which may be empty.
+void CheckNodeArity(const Ort::ConstKernelInfo& info, const std::string& where, const std::vector<const char*>& inputs,
+                    const std::vector<const char*>& outputs, int optional = -1);
+// At each call: the counts ORT passes are the op's (they come from the node, checked at creation).
+void CheckCallArity(const Ort::KernelContext& ctx, const std::string& where, size_t inputs, size_t outputs);
+
 // Attributes. A custom-op schema declares no attribute types, so ORT checks none: an attribute given
 // with the wrong type (scale=1 as an int) would read as absent and silently take its default, so
 // these readers refuse an attribute of the wrong type by name.

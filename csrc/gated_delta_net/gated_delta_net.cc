@@ -10,6 +10,7 @@
 #include "gated_delta_net/gated_delta_net.h"
 
 #include <array>
+#include <iterator>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -158,15 +159,8 @@ struct GatedDeltaNetKernel {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
     attrs_ = ReadAttrs(info, where_, type_);
-    if (info.GetInputCount() != kInputCount)
-      Fail(where_, "takes " + std::to_string(kInputCount) + " inputs (conv_bias may be the empty name), got " +
-                       std::to_string(info.GetInputCount()));
-    if (info.GetOutputCount() != kOutputCount)
-      Fail(where_, "has " + std::to_string(kOutputCount) + " outputs (y, present_conv, present_recurrent), got " +
-                       std::to_string(info.GetOutputCount()));
-    for (int i = 0; i < kInputCount; ++i) {
-      if (i != kConvBias && info.GetInputName(i).empty()) Fail(where_, InputLabel(i) + " is required");
-    }
+    CheckNodeArity(info, where_, {std::begin(kInputNames), std::end(kInputNames)},
+                   {std::begin(kOutputNames), std::end(kOutputNames)}, kConvBias);
     // The weights are initializers in every real model: check them now, so a bad one fails at load.
     InputDescs constants;
     for (int i : {kConvWeight, kConvBias, kDtBias, kNegExpA, kNormWeight}) {
@@ -202,9 +196,7 @@ struct GatedDeltaNetKernel {
 
   void Compute(OrtKernelContext* raw_ctx) {
     Ort::KernelContext ctx{raw_ctx};
-    if (ctx.GetInputCount() != kInputCount || ctx.GetOutputCount() != kOutputCount)
-      Fail(where_, "expects " + std::to_string(kInputCount) + " inputs and " + std::to_string(kOutputCount) +
-                       " outputs");
+    CheckCallArity(ctx, where_, kInputCount, kOutputCount);
     std::array<Ort::ConstValue, kInputCount> values;
     InputDescs in;
     for (int i = 0; i < kInputCount; ++i) {
