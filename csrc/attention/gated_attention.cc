@@ -244,14 +244,10 @@ struct GatedAttentionKernel {
     q_buf.resize(static_cast<size_t>(d.B * d.S * Nq * d.H) * elem);
     k_buf.resize(static_cast<size_t>(d.B * d.S * Nkv * d.H) * elem);
     v_buf.resize(k_buf.size());
-    GqaInputs gqa;
-    const ONNXTensorElementDataType t = OnnxType(type_);
-    gqa.desc[0] = {true, {d.B, d.S, Nq * d.H}, t};
-    gqa.desc[1] = gqa.desc[2] = {true, {d.B, d.S, Nkv * d.H}, t};
+    GqaInputs gqa = AttentionInputs(values, d);
     gqa.data[0] = q_buf.data();
     gqa.data[1] = k_buf.data();
     gqa.data[2] = v_buf.data();
-    for (int i = 3; i < kGqaInputCount; ++i) gqa.Set(i, values[kPastKey + i - 3]);
     const GroupQueryAttentionProblem p = PrepareGqa(ctx, where_, attrs_.gqa, type_, gqa, false);
     if (p.batch == 0) return;
 
@@ -274,14 +270,20 @@ struct GatedAttentionKernel {
     }
   }
 
-  // The CUDA path: the same checks of shapes and of the attention's inputs, then the kernel.
-  void ComputeCuda(Ort::KernelContext& ctx, const std::array<Ort::ConstValue, kInputCount>& values, const Shape& d) {
+  // GroupQueryAttention's inputs: the query, key and value this op makes from qkv (described here; their
+  // data is the caller's) and the node's cache inputs, for PrepareGqa to check with the rest.
+  GqaInputs AttentionInputs(const std::array<Ort::ConstValue, kInputCount>& values, const Shape& d) const {
     GqaInputs gqa;
     const ONNXTensorElementDataType t = OnnxType(type_);
-    const int64_t Nq = attrs_.gqa.num_heads, Nkv = attrs_.gqa.kv_num_heads;
-    gqa.desc[0] = {true, {d.B, d.S, Nq * d.H}, t};
-    gqa.desc[1] = gqa.desc[2] = {true, {d.B, d.S, Nkv * d.H}, t};
+    gqa.desc[0] = {true, {d.B, d.S, attrs_.gqa.num_heads * d.H}, t};
+    gqa.desc[1] = gqa.desc[2] = {true, {d.B, d.S, attrs_.gqa.kv_num_heads * d.H}, t};
     for (int i = 3; i < kGqaInputCount; ++i) gqa.Set(i, values[kPastKey + i - 3]);
+    return gqa;
+  }
+
+  // The CUDA path: the same checks of shapes and of the attention's inputs, then the kernel.
+  void ComputeCuda(Ort::KernelContext& ctx, const std::array<Ort::ConstValue, kInputCount>& values, const Shape& d) {
+    GqaInputs gqa = AttentionInputs(values, d);
     GatedAttentionProblem p;
     p.gqa = PrepareGqa(ctx, where_, attrs_.gqa, type_, gqa, true);
     if (p.gqa.batch == 0) return;
