@@ -180,9 +180,9 @@ ORT_MTP_TARGET void Widen(const FastJob& j, float* out) {
 // The entry points matmul_nbits_cpu.cc reaches through a table (one per instruction set).
 inline void WidenEntry(const FastJob& j, float* out) {
   switch (j.p->type) {
-    case ElemType::kFloat32: Widen<0>(j, out); break;
-    case ElemType::kFloat16: Widen<1>(j, out); break;
-    case ElemType::kBFloat16: Widen<2>(j, out); break;
+    case FloatType::kFloat32: Widen<0>(j, out); break;
+    case FloatType::kFloat16: Widen<1>(j, out); break;
+    case FloatType::kBFloat16: Widen<2>(j, out); break;
   }
 }
 
@@ -200,9 +200,9 @@ inline void RangeByBlock(const FastJob& j, int64_t b, int64_t e) {
 template <int kBits, int kZp>
 inline void RangeByType(const FastJob& j, int64_t b, int64_t e) {
   switch (j.p->type) {
-    case ElemType::kFloat32: RangeByBlock<kBits, kZp, 0>(j, b, e); break;
-    case ElemType::kFloat16: RangeByBlock<kBits, kZp, 1>(j, b, e); break;
-    case ElemType::kBFloat16: RangeByBlock<kBits, kZp, 2>(j, b, e); break;
+    case FloatType::kFloat32: RangeByBlock<kBits, kZp, 0>(j, b, e); break;
+    case FloatType::kFloat16: RangeByBlock<kBits, kZp, 1>(j, b, e); break;
+    case FloatType::kBFloat16: RangeByBlock<kBits, kZp, 2>(j, b, e); break;
   }
 }
 

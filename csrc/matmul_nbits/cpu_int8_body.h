@@ -253,9 +253,9 @@ inline void Int8RangeBySeg(const Int8Job& j, int64_t b, int64_t e) {
 template <int kZp>
 inline void Int8RangeByType(const Int8Job& j, int64_t b, int64_t e) {
   switch (j.p->type) {
-    case ElemType::kFloat32: Int8RangeBySeg<kZp, 0>(j, b, e); break;
-    case ElemType::kFloat16: Int8RangeBySeg<kZp, 1>(j, b, e); break;
-    case ElemType::kBFloat16: Int8RangeBySeg<kZp, 2>(j, b, e); break;
+    case FloatType::kFloat32: Int8RangeBySeg<kZp, 0>(j, b, e); break;
+    case FloatType::kFloat16: Int8RangeBySeg<kZp, 1>(j, b, e); break;
+    case FloatType::kBFloat16: Int8RangeBySeg<kZp, 2>(j, b, e); break;
   }
 }
 

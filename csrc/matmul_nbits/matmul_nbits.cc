@@ -48,15 +48,6 @@ struct SetInputs {
 };
 constexpr SetInputs kSetInputs[2] = {{kB, kScales, kZeroPoints, kBias}, {kB2, kScales2, kZeroPoints2, kBias2}};
 
-ONNXTensorElementDataType OnnxType(ElemType t) {
-  switch (t) {
-    case ElemType::kFloat32: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
-    case ElemType::kFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
-    case ElemType::kBFloat16: return ONNX_TENSOR_ELEMENT_DATA_TYPE_BFLOAT16;
-  }
-  return ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
-}
-
 struct Attrs {
   int64_t K = 0, N = 0, bits = 0, block_size = 0, accuracy_level = 0;
   int64_t packing = 0;  // WeightLayout: 0 row-major (com.microsoft's), 1 tiles (ops.packing wrote B and scales)
@@ -158,7 +149,7 @@ bool IsMatrix(const std::vector<int64_t>& shape, int64_t rows, int64_t cols) {
 // Fills the layout fields of `p` from the attributes and validates what is known in `w`.
 // `set` is 1 or 2 (inputs B, scales, ... or B2, scales2, ...: messages name them; set 2 has N2 columns).
 // It runs on every call, so the messages' strings are only built on the way to a failure.
-void CheckWeights(const std::string& where, const Attrs& at, ElemType type, const WeightInfo& w,
+void CheckWeights(const std::string& where, const Attrs& at, FloatType type, const WeightInfo& w,
                   MatMulNBitsProblem& p, int set = 1) {
   const char* sfx = set == 1 ? "" : "2";
   auto input = [&](const char* name) { return std::string("input ") + name + sfx; };
@@ -172,7 +163,7 @@ void CheckWeights(const std::string& where, const Attrs& at, ElemType type, cons
   p.zp_row_bytes = (p.k_blocks * at.bits + 7) / 8;
   p.type = type;
   p.layout = at.packing == 1 ? WeightLayout::kTiles : WeightLayout::kRowMajor;
-  if (at.packing == 1 && type == ElemType::kFloat32)
+  if (at.packing == 1 && type == FloatType::kFloat32)
     Fail(where, "packing=1 (tiles) needs float16 or bfloat16 activations, got float");
   const char* t = TypeName(OnnxType(type));
   auto kn = [&] {
@@ -220,7 +211,7 @@ void CheckWeights(const std::string& where, const Attrs& at, ElemType type, cons
 }
 
 struct MatMulNBitsKernel {
-  MatMulNBitsKernel(const OrtKernelInfo* raw_info, ElemType type, bool cuda) : type_(type), cuda_(cuda) {
+  MatMulNBitsKernel(const OrtKernelInfo* raw_info, FloatType type, bool cuda) : type_(type), cuda_(cuda) {
     Ort::ConstKernelInfo info{raw_info};
     where_ = NodeLabel(kOpName, info.GetNodeName());
     attrs_ = ReadAttrs(info, where_);
@@ -378,14 +369,14 @@ struct MatMulNBitsKernel {
 
   std::string where_;
   Attrs attrs_;
-  ElemType type_;
+  FloatType type_;
   bool cuda_;
   bool two_ = false;                        // a second weight set (N2 > 0)
   bool weights_constant_[2] = {false, false};  // per set: B, scales and zero_points (if any) are initializers
   CpuGroupedWeights grouped_[2];            // per set: PackForCpu's copy, or empty
 };
 
-template <ElemType kType, bool kCuda>
+template <FloatType kType, bool kCuda>
 struct MatMulNBitsOp : Ort::CustomOpBase<MatMulNBitsOp<kType, kCuda>, MatMulNBitsKernel, true> {
   OrtStatusPtr CreateKernelV2(const OrtApi&, const OrtKernelInfo* info, void** kernel) const {
     return Guard(kOpName, [&] { *kernel = new MatMulNBitsKernel(info, kType, kCuda); });
@@ -421,22 +412,7 @@ struct MatMulNBitsOp : Ort::CustomOpBase<MatMulNBitsOp<kType, kCuda>, MatMulNBit
 }  // namespace
 
 void AddMatMulNBitsOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  static MatMulNBitsOp<ElemType::kFloat32, false> cpu_f32;
-  static MatMulNBitsOp<ElemType::kFloat16, false> cpu_f16;
-  static MatMulNBitsOp<ElemType::kBFloat16, false> cpu_bf16;
-  domain.Add(&cpu_f32);
-  domain.Add(&cpu_f16);
-  domain.Add(&cpu_bf16);
-#ifdef ORT_MTP_WITH_CUDA
-  if (with_cuda) {
-    static MatMulNBitsOp<ElemType::kFloat32, true> cuda_f32;
-    static MatMulNBitsOp<ElemType::kFloat16, true> cuda_f16;
-    static MatMulNBitsOp<ElemType::kBFloat16, true> cuda_bf16;
-    domain.Add(&cuda_f32);
-    domain.Add(&cuda_f16);
-    domain.Add(&cuda_bf16);
-  }
-#endif
+  AddFloatTypedOps<MatMulNBitsOp>(domain, with_cuda);
 }
 
 }  // namespace ort_mtp

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <vector>
 
-namespace ort_mtp {
+#include "common/float_type.h"
 
-enum class ElemType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+namespace ort_mtp {
 
 enum class ZeroPointKind : int {
   kNone = 0,    // implicit zero point 2^(bits-1)
@@ -91,7 +91,7 @@ struct MatMulNBitsProblem {
   int64_t k_blocks = 0;    // ceil(K / block_size)
   int64_t block_bytes = 0; // block_size * bits / 8
   int64_t zp_row_bytes = 0;  // bytes per row of packed zero points (kPacked only)
-  ElemType type = ElemType::kFloat32;
+  FloatType type = FloatType::kFloat32;
   ZeroPointKind zp_kind = ZeroPointKind::kNone;
   WeightLayout layout = WeightLayout::kRowMajor;
   bool weights_constant = false;  // B, scales, zero_points are session constants (initializers)
@@ -107,7 +107,7 @@ struct MatMulNBitsProblem {
 
 // Bytes per element of p's scales (A's type), and of its zero points in the kCpuGroups copy (uint8
 // when packed, A's type when typed).
-inline size_t ScaleBytes(const MatMulNBitsProblem& p) { return p.type == ElemType::kFloat32 ? 4 : 2; }
+inline size_t ScaleBytes(const MatMulNBitsProblem& p) { return p.type == FloatType::kFloat32 ? 4 : 2; }
 inline size_t GroupedZeroPointBytes(const MatMulNBitsProblem& p) {
   return p.zp_kind == ZeroPointKind::kTyped ? ScaleBytes(p) : 1;
 }

@@ -347,17 +347,17 @@ void Int8ScalarColumns(const Int8Job& j, int64_t n_begin, int64_t n_end) {
 
 void Int8ScalarRange(const Int8Job& j, int64_t b, int64_t e) {
   switch (j.p->type) {
-    case ElemType::kFloat32: Int8ScalarColumns<float>(j, b, e); break;
-    case ElemType::kFloat16: Int8ScalarColumns<Ort::Float16_t>(j, b, e); break;
-    case ElemType::kBFloat16: Int8ScalarColumns<Ort::BFloat16_t>(j, b, e); break;
+    case FloatType::kFloat32: Int8ScalarColumns<float>(j, b, e); break;
+    case FloatType::kFloat16: Int8ScalarColumns<Ort::Float16_t>(j, b, e); break;
+    case FloatType::kBFloat16: Int8ScalarColumns<Ort::BFloat16_t>(j, b, e); break;
   }
 }
 
 void Int8ScalarWiden(const MatMulNBitsProblem& p, int64_t kp, float* out) {
   switch (p.type) {
-    case ElemType::kFloat32: WidenPortable(static_cast<const float*>(p.a), p.M, p.K, kp, out); break;
-    case ElemType::kFloat16: WidenPortable(static_cast<const Ort::Float16_t*>(p.a), p.M, p.K, kp, out); break;
-    case ElemType::kBFloat16: WidenPortable(static_cast<const Ort::BFloat16_t*>(p.a), p.M, p.K, kp, out); break;
+    case FloatType::kFloat32: WidenPortable(static_cast<const float*>(p.a), p.M, p.K, kp, out); break;
+    case FloatType::kFloat16: WidenPortable(static_cast<const Ort::Float16_t*>(p.a), p.M, p.K, kp, out); break;
+    case FloatType::kBFloat16: WidenPortable(static_cast<const Ort::BFloat16_t*>(p.a), p.M, p.K, kp, out); break;
   }
 }
 
@@ -822,9 +822,9 @@ void SwiGluColumnsT(const MatMulNBitsProblem& up, const void* gate, int64_t n_be
 
 void SwiGluColumns(const MatMulNBitsProblem& up, const void* gate, int64_t n_begin, int64_t n_end) {
   switch (up.type) {
-    case ElemType::kFloat32: SwiGluColumnsT<float>(up, gate, n_begin, n_end); break;
-    case ElemType::kFloat16: SwiGluColumnsT<Ort::Float16_t>(up, gate, n_begin, n_end); break;
-    case ElemType::kBFloat16: SwiGluColumnsT<Ort::BFloat16_t>(up, gate, n_begin, n_end); break;
+    case FloatType::kFloat32: SwiGluColumnsT<float>(up, gate, n_begin, n_end); break;
+    case FloatType::kFloat16: SwiGluColumnsT<Ort::Float16_t>(up, gate, n_begin, n_end); break;
+    case FloatType::kBFloat16: SwiGluColumnsT<Ort::BFloat16_t>(up, gate, n_begin, n_end); break;
   }
 }
 
@@ -910,9 +910,9 @@ void MatMulNBitsCpuPair(const MatMulNBitsProblem& p1, const MatMulNBitsProblem& 
 
 void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
   switch (p.type) {
-    case ElemType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
-    case ElemType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case ElemType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
   }
 }
 

@@ -180,7 +180,7 @@ int StreamChunk(int block_size, int64_t K) {
 }
 
 bool TakesStream(const MatMulNBitsProblem& p, const DeviceInfo& dev) {
-  if (p.type == ElemType::kFloat32 || p.bits != 4 || dev.cc_major < 8) return false;
+  if (p.type == FloatType::kFloat32 || p.bits != 4 || dev.cc_major < 8) return false;
   if (p.zp_kind == ZeroPointKind::kTyped) return false;
   const int kc = StreamChunk(p.block_size, p.K);
   if (kc == 0) return false;
@@ -401,18 +401,18 @@ const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream) {
 
   if (p.layout == WeightLayout::kTiles) {
     const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;
-    return p.type == ElemType::kFloat16 ? DispatchTiles<__half>(p, dev, pdl, s)
+    return p.type == FloatType::kFloat16 ? DispatchTiles<__half>(p, dev, pdl, s)
                                         : DispatchTiles<__nv_bfloat16>(p, dev, pdl, s);
   }
   if (options.variant == Variant::kMma && TakesStream(p, dev)) {
     const bool pdl = options.pdl && dev.cc_major >= 9 && p.weights_constant;
-    return p.type == ElemType::kFloat16 ? DispatchStream<__half>(p, dev, pdl, s)
+    return p.type == FloatType::kFloat16 ? DispatchStream<__half>(p, dev, pdl, s)
                                         : DispatchStream<__nv_bfloat16>(p, dev, pdl, s);
   }
   switch (p.type) {
-    case ElemType::kFloat32: return DispatchGeneric<float>(p, s);
-    case ElemType::kFloat16: return DispatchGeneric<__half>(p, s);
-    case ElemType::kBFloat16: return DispatchGeneric<__nv_bfloat16>(p, s);
+    case FloatType::kFloat32: return DispatchGeneric<float>(p, s);
+    case FloatType::kFloat16: return DispatchGeneric<__half>(p, s);
+    case FloatType::kBFloat16: return DispatchGeneric<__nv_bfloat16>(p, s);
   }
   return "internal error: unknown element type";
 }
