@@ -28,12 +28,11 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from harness import Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
+from harness import UNIT_ROUNDOFF as U, Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
 
 from driver.device import make_session  # noqa: E402
 import ops.float_matmul as fm  # noqa: E402
 
-U = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 NODE = "/model/layers.0/linear_attn/a_proj/MatMul"
 
 

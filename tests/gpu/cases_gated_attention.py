@@ -29,13 +29,12 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from harness import Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
+from harness import UNIT_ROUNDOFF as U, Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
 
 from driver.device import make_session  # noqa: E402
 import ops.gated_attention as ga  # noqa: E402
 
 NODE = "/model/layers.3/attn/GatedAttention"
-U = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 FLOATS = ("qkv", "past_key", "past_value", "q_norm_weight", "k_norm_weight")
 
 

@@ -52,14 +52,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from harness import Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
+from harness import UNIT_ROUNDOFF, Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
 
 from driver.device import make_session  # noqa: E402
 import ops.gated_delta_net as gdn  # noqa: E402
 from ops.gated_delta_net import GdnConfig  # noqa: E402
 
 NODE = "/model/layers.0/linear_attn/GatedDeltaNet"
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 STEP_INPUTS = ("qkv", "z", "a", "b")
 STATES = ("past_conv", "past_recurrent")
 PRESENT = {"past_conv": "present_conv", "past_recurrent": "present_recurrent"}

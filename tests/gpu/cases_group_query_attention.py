@@ -41,14 +41,13 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from harness import Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
+from harness import UNIT_ROUNDOFF as U, Buffer, Context  # first: it puts the checkout (driver, ops) on sys.path
 
 from driver.device import make_session  # noqa: E402
 import ops.group_query_attention as gqa  # noqa: E402
 from ops.group_query_attention import GqaConfig  # noqa: E402
 
 NODE = "/model/layers.3/attn/GroupQueryAttention"
-U = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 WIDTH_CONSISTENT = 16  # widths up to this are bit-identical to width-1 calls (the kernel's kRowsPerPass)
 FLOATS = ("query", "key", "value", "past_key", "past_value")
 
