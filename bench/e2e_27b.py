@@ -35,6 +35,8 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from ops.rewrite import MLP, REWRITES  # noqa: E402
+
 MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
 MAIN_FORWARDS = ("decode", "verify", "re-advance")  # forwards of the main graph after the prompt's
 
@@ -273,7 +275,8 @@ def main() -> int:
     ap.add_argument("--provider", default="cuda", help="cpu: a dry run of the script on a CPU folder")
     ap.add_argument("--configurations", default="ours,ort,genai",
                     help="any of ours, ours_mm (ours with only the MatMulNBits rewrite: ORT's own linear-attention "
-                         "nodes), tiles (ours on the folder rewritten with --pack), ort, genai")
+                         "nodes), ours_nomlp (every rewrite but the gated-MLP fusion), tiles (ours on the folder "
+                         "rewritten with --pack), ort, genai")
     ap.add_argument("--skip-identity", action="store_true", help="leave out the per-op identity check")
     ap.add_argument("--repetitions", type=int, default=1, help="measured passes per prompt after the warm-up (medians)")
     ap.add_argument("--ort-repetitions", type=int, help="measured passes for the `ort` configuration (the anchor; "
@@ -281,7 +284,7 @@ def main() -> int:
     ap.add_argument("--phases", action="store_true", help="also one profiled pass per mode: ms per round per phase")
     ap.add_argument("--temperatures", default="",
                     help="comma list: also time sampled decoding (plain and MTP) at these temperatures, "
-                         "for the first configuration in --configurations' order (ours, ours_mm, tiles, ort)")
+                         "for the first configuration in --configurations' order (ours, ours_mm, ours_nomlp, tiles, ort)")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -294,13 +297,14 @@ def main() -> int:
     report["configurations"] = []
     wanted = args.configurations.split(",")
     temps = tuple(float(t) for t in args.temperatures.split(",") if t)
-    for label in ("ours", "ours_mm", "tiles", "ort"):
+    for label in ("ours", "ours_mm", "ours_nomlp", "tiles", "ort"):
         if label not in wanted:
             continue
         where = folder
         if label == "tiles":
             where, report["tiles_folder"] = tiles_folder(folder)
-        rewrite = {"ort": False, "ours_mm": ("matmul",)}.get(label, True)
+        rewrite = {"ort": False, "ours_mm": ("matmul",),
+                   "ours_nomlp": tuple(k for k in REWRITES if k != MLP)}.get(label, True)
         temperatures = () if report["configurations"] else temps
         report["configurations"].append(
             run_configuration(where, args.provider, rewrite, prompts, args.new_tokens, label, temperatures,

@@ -1,5 +1,6 @@
 """A gated MLP's gate and up projections and its SiLU onto one ort_mtp::MatMulNBits node
-(activation="swiglu", csrc/matmul_nbits/matmul_nbits.cc), where the library runs that form (the CPU EP).
+(activation="swiglu", csrc/matmul_nbits/matmul_nbits.cc), where the library runs that form (the CPU and
+CUDA EPs).
 
 The builder writes a Qwen3.5 MLP as (models/graph.py and onnxruntime-genai's builders/base.py)
 
@@ -10,17 +11,19 @@ and after the matmul rewrite both projections are ort_mtp::MatMulNBits nodes. Th
 one MatMulNBits reading the gate's weights as its first set and the up's as its second (N2 = N), whose
 output y is silu(gate) * up with gate and up the bits the two projections computed. On a CPU that is
 four fewer nodes per layer (each costs ONNX Runtime a dispatch), one int8 quantisation of x instead of
-two, and one thread-pool job for both projections (then one for the activation); rows still do not
-depend on the width (each output is a function of its own row's projections). The activation is the
-op's own definition (g / (1 + exp(-g)) * u in float32 with its own exp: matmul_nbits_cpu.cc, SiluMul),
-not ONNX Runtime's Sigmoid and Mul kernels, so the output may differ from the unfused graph's by float32
-rounding.
+two, and one thread-pool job for both projections (then one for the activation); on CUDA, two matmul
+launches and no elementwise kernel (ORT runs the Sigmoid and Mul as a QuickGelu kernel and a Mul
+kernel: two launches per layer, ~0.25 ms of a 27B-class token on an H200). Rows still do not depend on
+the width (each output is a function of its own row's projections). The activation is the op's own
+definition (g / (1 + exp(-g)) * u in float32 with its own exp: csrc/matmul_nbits/silu_mul.h, the same
+bits on both EPs for the same g and u), not ONNX Runtime's Sigmoid and Mul kernels, so the output may
+differ from the unfused graph's by float32 rounding. On CUDA the driver's tiles cache packs both of the
+fused node's weight sets (ops.packing.weight_sets).
 
 A match is kept as it was, and reported with the reason, when the projections differ in anything
 but their weights (K, N, bits, block size, accuracy level), take the tiles layout or g_idx, only one
 has zero points, a value inside the block is read outside it, or the library does not run the fused
-form on the model's execution provider (`available`: the CUDA kernel refuses it, so CUDA models keep
-the five nodes). Candidates are the Sigmoid nodes reading an ort_mtp::MatMulNBits output; the fused
+form on the model's execution provider (`available`: a one-node probe session). Candidates are the Sigmoid nodes reading an ort_mtp::MatMulNBits output; the fused
 node is named after the two projections ("<gate>+<up>").
 """
 

@@ -220,10 +220,18 @@ def node_label(node: onnx.NodeProto) -> str:
     return node.name or (node.output[0] if node.output else "?")
 
 
-def weight_names(node: onnx.NodeProto) -> tuple[str, str]:
-    """(B, scales): the node's inputs 1 and 2."""
-    inputs = list(node.input) + [""] * 3
-    return inputs[1], inputs[2]
+_SECOND_SET = (6, 7, 8)  # B2, scales2, zero_points2 of a two-weight node (attribute N2 > 0)
+
+
+def weight_sets(node: onnx.NodeProto) -> list[tuple[int, str, str, str]]:
+    """(N, B, scales, zero_points) of each weight set the node has: its first (inputs 1-3), and the
+    second (inputs 6-8, N2 columns) of a two-weight node. Names are "" where an input is absent."""
+    attrs = _attributes(node)
+    inputs = list(node.input) + [""] * (9 - len(node.input))
+    sets = [(attrs.get("N", 0), inputs[1], inputs[2], inputs[3])]
+    if attrs.get("N2", 0):
+        sets.append((attrs["N2"], *(inputs[i] for i in _SECOND_SET)))
+    return sets
 
 
 def packable(model: onnx.ModelProto, node: onnx.NodeProto, index: GraphIndex | None = None) -> str | None:
@@ -237,21 +245,23 @@ def packable(model: onnx.ModelProto, node: onnx.NodeProto, index: GraphIndex | N
     attrs = _attributes(node)
     if attrs.get(PACKING_ATTRIBUTE, 0) == TILES:
         return "already in the tiles layout"
-    if attrs.get("N2", 0):
-        return "a node with two weight sets (N2) takes MatMulNBits' layout only"
     inputs = list(node.input) + [""] * (6 - len(node.input))
-    b_name, s_name, zp_name, g_name = inputs[1], inputs[2], inputs[3], inputs[4]
+    if inputs[4]:
+        return "g_idx input"
     inits = index.initializers
-    float_type = inits[s_name].data_type if s_name in inits else None
-    reason = tiles_unsupported_reason(attrs.get("K", 0), attrs.get("N", 0), attrs.get("bits", 4),
-                                      attrs.get("block_size", 0), float_type, bool(zp_name))
-    if reason is None and g_name:
-        reason = "g_idx input"
-    if reason is None and (b_name not in inits or s_name not in inits):
-        reason = "B or scales is not an initializer"
-    if reason is None and (index.uses.get(b_name, 0) > 1 or index.uses.get(s_name, 0) > 1):
-        reason = "B or scales is shared with another node"
-    return reason
+    sets = weight_sets(node)
+    for number, (N, b_name, s_name, zp_name) in enumerate(sets, 1):
+        b_label, s_label = ("B", "scales") if number == 1 else ("B2", "scales2")
+        float_type = inits[s_name].data_type if s_name in inits else None
+        reason = tiles_unsupported_reason(attrs.get("K", 0), N, attrs.get("bits", 4), attrs.get("block_size", 0),
+                                          float_type, bool(zp_name))
+        if reason is None and (b_name not in inits or s_name not in inits):
+            reason = f"{b_label} or {s_label} is not an initializer"
+        if reason is None and (index.uses.get(b_name, 0) > 1 or index.uses.get(s_name, 0) > 1):
+            reason = f"{b_label} or {s_label} is shared with another node"
+        if reason is not None:
+            return reason if len(sets) == 1 else f"weight set {number}: {reason}"
+    return None
 
 
 def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None,
@@ -271,22 +281,24 @@ def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None,
         attrs = _attributes(node)
         if attrs.get(PACKING_ATTRIBUTE, 0) == TILES:
             continue
-        b_name, s_name = weight_names(node)
+        sets = weight_sets(node)
         reason = packable(model, node, index)
-        stored = [t.data_location == onnx.TensorProto.EXTERNAL for t in (inits.get(b_name), inits.get(s_name)) if t]
+        stored = [t.data_location == onnx.TensorProto.EXTERNAL
+                  for _, b_name, s_name, _ in sets for t in (inits.get(b_name), inits.get(s_name)) if t]
         if reason is None and any(stored) and external is None:
             reason = "B or scales is external data that was not loaded"
         if reason is not None:
             skipped.append((label, reason))
             continue
-        K, N, bs = attrs["K"], attrs["N"], attrs["block_size"]
-        for t, fn in ((inits[b_name], lambda raw: pack_tiles(N, K, bs, b=raw)[0].reshape(raw.shape)),
-                      (inits[s_name], lambda raw: pack_tiles(N, K, bs, scales=raw)[1].reshape(raw.shape))):
-            try:
-                _repack(t, fn, external)
-            except ValueError as e:  # numpy's message ("cannot reshape ...") names no tensor or file
-                raise ValueError(f"node {label!r} (K={K}, N={N}, block_size={bs}): initializer {t.name!r} "
-                                 f"{_stored_where(t)}, dims {list(t.dims)}: {e}") from None
+        K, bs = attrs["K"], attrs["block_size"]
+        for N, b_name, s_name, _ in sets:
+            for t, fn in ((inits[b_name], lambda raw, N=N: pack_tiles(N, K, bs, b=raw)[0].reshape(raw.shape)),
+                          (inits[s_name], lambda raw, N=N: pack_tiles(N, K, bs, scales=raw)[1].reshape(raw.shape))):
+                try:
+                    _repack(t, fn, external)
+                except ValueError as e:  # numpy's message ("cannot reshape ...") names no tensor or file
+                    raise ValueError(f"node {label!r} (K={K}, N={N}, block_size={bs}): initializer {t.name!r} "
+                                     f"{_stored_where(t)}, dims {list(t.dims)}: {e}") from None
         set_packing(node)
         packed += 1
     return packed, skipped

@@ -75,13 +75,22 @@ class _Tensor:
 
 
 @dataclass
+class _Set:
+    """One weight set of a node: its first (B, scales), or a two-weight node's second (B2, scales2)."""
+    N: int
+    b: _Tensor
+    scales: _Tensor
+
+
+@dataclass
 class _Node:
     node: onnx.NodeProto
     K: int
-    N: int
     block_size: int
-    b: _Tensor
-    scales: _Tensor
+    sets: list[_Set]
+
+    def tensors(self) -> list[_Tensor]:
+        return [t for s in self.sets for t in (s.b, s.scales)]
 
 
 @dataclass
@@ -145,14 +154,18 @@ def _candidates(model: onnx.ModelProto, model_path: Path) -> list[_Node]:
     for node in packing.our_matmul_nodes(model):
         reason = packing.packable(model, node, index)
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        sets = []
         if reason is None:
-            K, N, bs = attrs["K"], attrs["N"], attrs["block_size"]
-            b_name, s_name = packing.weight_names(node)
-            b, reason = _tensor(index.initializers[b_name], folder, N * K // 2)
-            if reason is None:
-                scales, reason = _tensor(index.initializers[s_name], folder, N * K // bs * 2)
+            K, bs = attrs["K"], attrs["block_size"]
+            for N, b_name, s_name, _ in packing.weight_sets(node):
+                b, reason = _tensor(index.initializers[b_name], folder, N * K // 2)
+                if reason is None:
+                    scales, reason = _tensor(index.initializers[s_name], folder, N * K // bs * 2)
+                if reason is not None:
+                    break
+                sets.append(_Set(N, b, scales))
         if reason is None:
-            out.append(_Node(node, K, N, bs, b, scales))
+            out.append(_Node(node, K, bs, sets))
         elif reason != "already in the tiles layout":
             log.debug("%s: %s keeps MatMulNBits' row-major layout: %s", model_path.name, packing.node_label(node),
                       reason)
@@ -186,7 +199,7 @@ def _key_inputs(model_path: Path, nodes: list[_Node]) -> dict:
     files: dict[Path, dict] = {}
     tensors = []
     for n in nodes:
-        for t in (n.b, n.scales):
+        for t in n.tensors():
             entry = {"name": t.name, "dims": t.dims, "data_type": t.data_type, "length": t.nbytes,
                      "location": None, "offset": t.offset}
             if t.file is not None:
@@ -196,16 +209,26 @@ def _key_inputs(model_path: Path, nodes: list[_Node]) -> dict:
                              file_size=files[t.file]["size"], file_mtime_ns=files[t.file]["mtime_ns"])
             tensors.append(entry)
     return {"format": FORMAT_VERSION, "library": _stat(Path(library_path())), "model": _stat(model_path),
-            "nodes": [{"name": packing.node_label(n.node), "K": n.K, "N": n.N, "block_size": n.block_size,
-                       "b": n.b.name, "scales": n.scales.name} for n in nodes],
+            "nodes": [_key_node(n) for n in nodes],
             "tensors": tensors}
+
+
+def _key_node(n: _Node) -> dict:
+    """A node's part of the key: its first set as a one-weight node's (so entries written before two-weight
+    nodes were packed keep their keys), its second set's under "N2", "b2", "scales2"."""
+    first = n.sets[0]
+    out = {"name": packing.node_label(n.node), "K": n.K, "N": first.N, "block_size": n.block_size,
+           "b": first.b.name, "scales": first.scales.name}
+    if len(n.sets) > 1:
+        out.update(N2=n.sets[1].N, b2=n.sets[1].b.name, scales2=n.sets[1].scales.name)
+    return out
 
 
 def _layout(nodes: list[_Node]) -> tuple[list[tuple[_Tensor, int]], int]:
     """(tensor, offset in weights.bin) for every B and scales, and the file's size."""
     placed, end = [], 0
     for n in nodes:
-        for t in (n.b, n.scales):
+        for t in n.tensors():
             offset = -(-end // ALIGN) * ALIGN
             placed.append((t, offset))
             end = offset + t.nbytes
@@ -307,11 +330,12 @@ def _write_weights(path: Path, nodes: list[_Node], placed, size: int, label: str
     offsets = {t.name: offset for t, offset in placed}
     with progress_bar(f"packing {label} into the tiles layout", total=size, unit="B", unit_scale=True) as bar:
         for n in nodes:
-            ob, os_ = offsets[n.b.name], offsets[n.scales.name]
-            packing.pack_tiles(n.N, n.K, n.block_size, b=n.b.source(), scales=n.scales.source().view(np.uint16),
-                               out_b=out[ob:ob + n.b.nbytes], out_scales=out[os_:os_ + n.scales.nbytes].view(np.uint16),
-                               threads=0)
-            bar.update(n.b.nbytes + n.scales.nbytes)
+            for ws in n.sets:
+                ob, os_ = offsets[ws.b.name], offsets[ws.scales.name]
+                packing.pack_tiles(ws.N, n.K, n.block_size, b=ws.b.source(), scales=ws.scales.source().view(np.uint16),
+                                   out_b=out[ob:ob + ws.b.nbytes],
+                                   out_scales=out[os_:os_ + ws.scales.nbytes].view(np.uint16), threads=0)
+                bar.update(ws.b.nbytes + ws.scales.nbytes)
     listed = []
     for t, offset in placed:
         head, tail = _checksums(out[offset:offset + t.nbytes])

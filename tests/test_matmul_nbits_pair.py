@@ -217,7 +217,9 @@ def test_errors_name_what_is_wrong(cpu_session):
         (_edited(_model(w1, w16, "swiglu"), lambda n, g: _attr(n, "N2", -1)), "attribute N2 must be in"),
         (_edited(_model(w1, w16, "swiglu"), lambda n, g: n.output.append("Y2")), "has 2 outputs, expected 1 (Y)"),
         (_edited(pair(), lambda n, g: (n.output.pop(), g.output.pop())), "has 1 outputs, expected 2 (Y, Y2"),
-        (_edited(pair(), lambda n, g: _attr(n, "packing", 1)), "packing"),
+        (_edited(pair(), lambda n, g: _attr(n, "packing", 1)), "packing=1 (tiles) needs K a multiple of 256"),
+        (_edited(_model(nbits.random_weights(rng, 256, 16), nbits.random_weights(rng, 256, 8)),
+                 lambda n, g: _attr(n, "packing", 1)), "packing=1 (tiles) needs N2 a multiple of 16, got N2=8"),
     ]
     for model, needle in cases:
         message = _refusal(cpu_session, model)

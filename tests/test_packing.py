@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import helper, numpy_helper
 
 from ops import nbits, packing
 
@@ -120,6 +120,31 @@ def test_pack_model_packs_what_the_layout_takes(cpu_session):
     assert attrs["packing"] == 1 and attrs["K"] == 512 and attrs["N"] == 32
     assert np.array_equal(_run(cpu_session, model, a), before)
     assert packing.pack_model(model) == (0, [])  # already packed: left alone
+
+
+@pytest.mark.parametrize("activation", ["swiglu", None])
+def test_pack_model_packs_both_weight_sets_of_a_two_weight_node(cpu_session, activation):
+    """A gated MLP's swiglu node (and the two-output form) takes the layout for both of its sets: the
+    outputs stay bit-identical, and each set's bytes are that set's packing."""
+    rng = np.random.default_rng(6)
+    gate, up = _weights(rng, K=512, N=32), _weights(rng, K=512, N=32 if activation else 48)
+    model = nbits.single_node_model(gate, domain="ort_mtp", node_name=NODE, second=up, activation=activation)
+    a = rng.standard_normal((3, gate.K)).astype(np.float16)
+    before = cpu_session(model).run(None, {"A": a})
+    assert packing.pack_model(model) == (1, [])
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for w, sfx in ((gate, ""), (up, "2")):
+        want = _packed(w)
+        assert np.array_equal(inits["B" + sfx], want.b) and np.array_equal(inits["scales" + sfx], want.scales)
+    after = cpu_session(model).run(None, {"A": a})
+    assert len(after) == len(before) and all(np.array_equal(x, y) for x, y in zip(after, before))
+
+
+def test_pack_model_says_which_weight_set_keeps_a_pair_node_row_major():
+    rng = np.random.default_rng(7)
+    model = nbits.single_node_model(_weights(rng, K=512, N=32), domain="ort_mtp", node_name=NODE,
+                                    second=_weights(rng, K=512, N=40))
+    assert packing.pack_model(model) == (0, [(NODE, "weight set 2: N=40 is not a multiple of 16")])
 
 
 @pytest.mark.parametrize("kwargs,reason", [

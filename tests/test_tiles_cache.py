@@ -284,3 +284,34 @@ def test_pack_model_and_the_cache_share_one_eligibility(fp16_folder):
     index = packing.GraphIndex(proto)
     assert {packing.node_label(n) for n in packing.our_matmul_nodes(proto) if packing.packable(proto, n, index)} \
         == {label for label, _ in skipped}
+
+
+def test_a_two_weight_node_gets_both_sets_packed(cache, tmp_path, cpu_session):
+    """A gated MLP's swiglu node (ops.mlp's form, fused on CUDA too): the entry holds both of its sets
+    packed, the node gets packing=1, and the session on the entry gives the row-major bits."""
+    import onnx
+    import onnxruntime as ort
+
+    from ops import library_path, nbits
+
+    rng = np.random.default_rng(8)
+    gate, up = (nbits.random_weights(rng, 512, 32, dtype="float16") for _ in range(2))
+    model = nbits.single_node_model(gate, domain="ort_mtp", second=up, activation="swiglu")
+    a = rng.standard_normal((3, 512)).astype(np.float16)
+    want = cpu_session(model).run(None, {"A": a})[0]
+    path = tmp_path / "pair.onnx"
+    onnx.save(model, path, save_as_external_data=True, location="pair.onnx.data", size_threshold=0)
+
+    proto = onnx.load(path, load_external_data=False)
+    weights = tiles_cache.prepare(proto, path)
+    assert weights.nodes == 1 and sorted(weights.names) == ["B", "B2", "scales", "scales2"]
+    assert packing.packable(proto, proto.graph.node[0]) == "already in the tiles layout"
+    (entry,) = _entries(cache)
+    assert json.loads((entry / "index.json").read_text())["inputs"]["nodes"][0]["b2"] == "B2"
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(library_path())
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(tmp_path))
+    weights.add_to(options)
+    session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    assert np.array_equal(session.run(None, {"A": a})[0], want)
+

@@ -6,7 +6,7 @@
 // Arithmetic, fixed per (n, token) and independent of M: the weight is dequantised exactly as the CPU
 // reference does ((float(q) - zero_point) * scale in fp32); lane l takes the 8-element groups
 // l, l + 32, ... of the row in ascending order with fmaf; the 32 lane sums meet in a fixed xor
-// butterfly; bias is added last.
+// butterfly; bias is added last (then StoreResult: with p.swiglu, over the gate's outputs).
 #pragma once
 #include "matmul_nbits/gemv_ptx.cuh"
 #include "matmul_nbits/matmul_nbits.h"
@@ -93,11 +93,10 @@ __global__ void __launch_bounds__(32 * kGenericWarps) GemvGenericKernel(const __
   }
   if (lane == 0) {
     const T* bias = static_cast<const T*>(p.bias);
-    T* y = static_cast<T*>(p.y);
     const float b = bias ? ToFloat<T>(bias[n]) : 0.f;
 #pragma unroll
     for (int m = 0; m < kGenericTokens; ++m) {
-      if (m < m_count) y[static_cast<int64_t>(m0 + m) * p.N + n] = FromFloat<T>(acc[m] + b);
+      if (m < m_count) StoreResult<T>(p, static_cast<int64_t>(m0 + m) * p.N + n, acc[m] + b);
     }
   }
 }

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "common/cuda_pdl.cuh"
+#include "matmul_nbits/silu_mul.h"
 
 namespace ort_mtp {
 namespace gemv {
@@ -28,7 +29,12 @@ struct GemvOperands {
   int M, N, K;
   int k_blocks;
   int zp_row_bytes;
+  // 1: the second launch of a swiglu pair (MatMulNBitsCudaPair): y already holds the gate projection's
+  // outputs, and each result u (rounded to T, as a node would write it) is stored as
+  // T(SiluMul(gate, u)) over them (StoreResult). 0: the result itself.
+  int swiglu;
 };
+
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -252,6 +258,15 @@ template <>
 __device__ __forceinline__ __half FromFloat<__half>(float v) { return __float2half_rn(v); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Stores one output of a kernel: y[i] = T(s), or with p.swiglu, T(silu(y[i]) * T(s)) (silu_mul.h: the
+// CPU op's bits for the same gate and up values). Every kernel's epilogue stores through this.
+template <typename T>
+__device__ __forceinline__ void StoreResult(const GemvOperands& p, int64_t i, float s) {
+  T* y = static_cast<T*>(p.y);
+  if (p.swiglu) s = silu::SiluMul(ToFloat<T>(y[i]), ToFloat<T>(FromFloat<T>(s)));
+  y[i] = FromFloat<T>(s);
+}
 
 }  // namespace gemv
 }  // namespace ort_mtp

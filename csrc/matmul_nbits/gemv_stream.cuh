@@ -306,8 +306,8 @@ __device__ __forceinline__ void StartRun(Issue& issue, const StreamParams& p, co
 
 // The epilogue of both kernels: every warp's (16 rows x tokens) sums meet in shared memory (the rings
 // are free once every warp is past its loop), the K-parts of an m-tile are added in K-part order,
-// plus bias, one rounding, stored. acc is the mma accumulator layout: lane (g, t) holds rows g and
-// g + 8, tokens 8 nt + 2t and + 1.
+// plus bias, one rounding, stored (StoreResult: with p.swiglu, over the gate's outputs). acc is the
+// mma accumulator layout: lane (g, t) holds rows g and g + 8, tokens 8 nt + 2t and + 1.
 template <typename T, int kNT>
 __device__ __forceinline__ void SumKPartsAndStore(const StreamParams& p, const WarpTask& w, const float (&acc)[kNT][4],
                                                   unsigned char* smem) {
@@ -325,7 +325,6 @@ __device__ __forceinline__ void SumKPartsAndStore(const StreamParams& p, const W
   }
   __syncthreads();
   const T* bias = static_cast<const T*>(p.bias);
-  T* y = static_cast<T*>(p.y);
   const int tiles = static_cast<int>(blockDim.x >> 5) / w.kparts;
   for (int o = threadIdx.x; o < tiles * kOut; o += blockDim.x) {
     const int grp = o / kOut, rem = o - grp * kOut;
@@ -336,7 +335,7 @@ __device__ __forceinline__ void SumKPartsAndStore(const StreamParams& p, const W
     for (int q = 1; q < w.kparts; ++q) s += part[q * kOut];
     const int row = w.block_row0 + r;
     if (bias) s += ToFloat<T>(bias[row]);
-    y[static_cast<int64_t>(w.tok0 + tok) * p.N + row] = FromFloat<T>(s);
+    StoreResult<T>(p, static_cast<int64_t>(w.tok0 + tok) * p.N + row, s);
   }
 }
 

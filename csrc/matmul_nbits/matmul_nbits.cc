@@ -9,8 +9,9 @@
 //                           one-weight node computes (two projections of one input in one node);
 //   activation = "swiglu":  N2 = N, one output Y = silu(A x B1 + bias) * (A x B2 + bias2), a gated MLP's
 //                           gate and up projections with its activation (matmul_nbits.h, PairEpilogue).
-// The two-weight forms run on the CPU EP (ops/mlp.py rewrites a gated MLP onto it there); the CUDA
-// kernel refuses them at session creation.
+// Both EPs run the two-weight forms (ops/mlp.py rewrites a gated MLP onto the swiglu one): the CPU as
+// one job over both sets, CUDA as two launches, the second storing the activation over the first's
+// outputs (MatMulNBitsCudaPair); the activation is silu_mul.h's SiluMul on both.
 #include "matmul_nbits/matmul_nbits.h"
 
 #include <cstdio>
@@ -130,7 +131,8 @@ Attrs ReadAttrs(const Ort::ConstKernelInfo& info, const std::string& where) {
   if (a.swiglu && a.N2 != a.N)
     Fail(where, "activation='swiglu' needs a second weight set of N columns (N2=N=" + std::to_string(a.N) +
                     "), got N2=" + std::to_string(a.N2));
-  if (a.N2 > 0 && a.packing != 0) Fail(where, "a second weight set (N2) takes packing=0 (row-major)");
+  if (a.N2 > 0 && a.packing == 1 && a.N2 % kTileRows != 0)
+    Fail(where, "packing=1 (tiles) needs N2 a multiple of 16, got N2=" + std::to_string(a.N2));
   return a;
 }
 
@@ -225,9 +227,6 @@ struct MatMulNBitsKernel {
       Fail(where_, "packing=1 (tiles) does not take zero_points (symmetric weights only)");
     two_ = attrs_.N2 > 0;
     if (two_) {
-      if (cuda_)
-        Fail(where_, "a second weight set (N2, activation) runs on the CPU EP only; the CUDA kernel has no such form",
-             ORT_NOT_IMPLEMENTED);
       if (!given(kB2) || !given(kScales2)) Fail(where_, "N2 > 0 needs inputs B2 and scales2");
       if (given(kZeroPoints) != given(kZeroPoints2))
         Fail(where_, "zero_points2 must be given exactly when zero_points is (the two weight sets share A's quantisation)");
@@ -354,7 +353,10 @@ struct MatMulNBitsKernel {
 
     if (cuda_) {
 #ifdef ORT_MTP_WITH_CUDA
-      if (const char* error = MatMulNBitsCuda(p, ctx.GetGPUComputeStream())) Fail(where_, error, ORT_FAIL);
+      void* stream = ctx.GetGPUComputeStream();
+      const char* error = two_ ? MatMulNBitsCudaPair(p, p2, attrs_.swiglu ? PairEpilogue::kSwiGlu : PairEpilogue::kNone, stream)
+                               : MatMulNBitsCuda(p, stream);
+      if (error) Fail(where_, error, ORT_FAIL);
 #endif
       return;
     }

@@ -96,6 +96,9 @@ struct MatMulNBitsProblem {
   WeightLayout layout = WeightLayout::kRowMajor;
   bool weights_constant = false;  // B, scales, zero_points are session constants (initializers)
   int accuracy_level = 0;         // the node's attribute: 4 with bits=4 selects the CPU int8-activation kernel
+  // Set only by MatMulNBitsCudaPair for the second launch of a swiglu pair: y already holds the gate
+  // projection's outputs, and each result u is stored as T(SiluMul(gate, T(u))) over them.
+  bool swiglu_over_y = false;
 
   const void* a = nullptr;            // [M, K] of `type`
   const uint8_t* b = nullptr;         // [N, k_blocks, block_bytes] (kTiles: the same bytes regrouped)
@@ -155,6 +158,13 @@ size_t MatMulNBitsCpuPackBytes(const MatMulNBitsProblem& p);
 // Launches on `stream` (the session's compute stream); no host synchronisation, no allocation, so it
 // is capturable in a CUDA graph. Returns nullptr on success, else a message saying what failed.
 const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream);
+// Two weight sets on one A (the op's N2 form; p1 and p2 as for MatMulNBitsCpuPair, the same results up
+// to the kernels' float32 sums): two launches of MatMulNBitsCuda's kernels, the first set's then the
+// second's. kSwiGlu: the first writes the gate projection into p1.y and the second stores, over it,
+// silu(g) * u with silu_mul.h's SiluMul, the CPU op's own sequence of operations (so the gate and up
+// values a node holds give the same bits on both EPs); rows stay independent of M.
+const char* MatMulNBitsCudaPair(const MatMulNBitsProblem& p1, const MatMulNBitsProblem& p2, PairEpilogue epilogue,
+                                void* stream);
 #endif
 
 }  // namespace ort_mtp

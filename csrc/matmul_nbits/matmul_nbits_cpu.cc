@@ -25,6 +25,7 @@
 
 #include "common/ort.h"
 #include "matmul_nbits/matmul_nbits.h"
+#include "matmul_nbits/silu_mul.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define ORT_MTP_CPU_X86 1
@@ -733,35 +734,10 @@ void RunInt8(const Int8Isa& isa, const MatMulNBitsProblem& p, ParallelFor parall
 }
 
 // SwiGLU's definition, applied where a pair's up projection was written: y = T(silu(g) * u), g and u
-// the two products as the type holds them, silu(g) = g / (1 + e), e = exp(-g) in float32 by one fixed
-// sequence of operations (SiluMul), so the AVX2 loop and the scalar one give the same bits:
-//   x = min(max(-g, -87), 88)          (keeps 2^n a normal float; a NaN g gives x = -87, y stays NaN)
-//   n = (fma(x, log2(e), 1.5 * 2^23) - 1.5 * 2^23)     (x / ln 2 rounded to nearest even)
-//   r = fma(n, -ln2_lo, fma(n, -ln2_hi, x))           (Cody and Waite's two-part ln 2)
-//   p = Horner over Cephes' expf coefficients c0..c5 in r (fma), e = (fma(p, r * r, r) + 1) * 2^n
-//   y = g / (1 + e) * u
-// About 1 ulp from expf on e (the tests hold the output within 4 ulps of numpy's exp-based result).
-// Why not the C library's expf: it is a scalar call per element, and the epilogue runs it M x N times
-// per node (3072 per row on the small preset's MLP), where this loop does 8 elements per iteration.
-constexpr float kExpLo = -87.0f, kExpHi = 88.0f, kLog2e = 1.44269504088896341f, kRound = 12582912.0f;
-constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
-constexpr float kExpC[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
-                            4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
-
-inline float SiluMul(float g, float u) {
-  float x = -g;
-  x = x > kExpLo ? x : kExpLo;  // as _mm256_max_ps(x, lo): lo when x is NaN
-  x = x < kExpHi ? x : kExpHi;
-  const float n = std::fma(x, kLog2e, kRound) - kRound;
-  const float r = std::fma(n, -kLn2Lo, std::fma(n, -kLn2Hi, x));
-  float q = kExpC[0];
-  for (int i = 1; i < 6; ++i) q = std::fma(q, r, kExpC[i]);
-  uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof two_n);
-  const float e = (std::fma(q, r * r, r) + 1.0f) * two_n;
-  return g / (1.0f + e) * u;
-}
+// the two products as the type holds them, silu.h's SiluMul (one fixed sequence of float32 operations,
+// shared with the CUDA kernels), so the AVX2 loop below and the scalar one give the same bits.
+using silu::kExpHi, silu::kExpLo, silu::kLn2Hi, silu::kLn2Lo, silu::kLog2e, silu::kRound, silu::SiluMul;
+constexpr float kExpC[6] = {silu::kExpC0, silu::kExpC1, silu::kExpC2, silu::kExpC3, silu::kExpC4, silu::kExpC5};
 
 #if ORT_MTP_CPU_X86
 // SiluMul on 8 lanes at a time; the remainder through the scalar SiluMul (the same bits).

@@ -128,6 +128,7 @@ void FillOperands(const MatMulNBitsProblem& p, gemv::GemvOperands& o) {
   o.K = static_cast<int>(p.K);
   o.k_blocks = static_cast<int>(p.k_blocks);
   o.zp_row_bytes = static_cast<int>(p.zp_row_bytes);
+  o.swiglu = p.swiglu_over_y ? 1 : 0;
 }
 
 // Launches `kernel` over M in slices of at most 65535 groups of `tokens` tokens (grid.y's limit; only
@@ -415,6 +416,16 @@ const char* MatMulNBitsCuda(const MatMulNBitsProblem& p, void* stream) {
     case FloatType::kBFloat16: return DispatchGeneric<__nv_bfloat16>(p, s);
   }
   return "internal error: unknown element type";
+}
+
+const char* MatMulNBitsCudaPair(const MatMulNBitsProblem& p1, const MatMulNBitsProblem& p2, PairEpilogue epilogue,
+                                void* stream) {
+  if (const char* error = MatMulNBitsCuda(p1, stream)) return error;
+  if (epilogue == PairEpilogue::kNone) return MatMulNBitsCuda(p2, stream);
+  MatMulNBitsProblem up = p2;
+  up.y = p1.y;
+  up.swiglu_over_y = true;
+  return MatMulNBitsCuda(up, stream);
 }
 
 }  // namespace ort_mtp

@@ -100,38 +100,55 @@ def random_a(rng, M: int, K: int, dtype: str) -> np.ndarray:
     return nbits.round_to(rng.uniform(-1.0, 1.0, size=(M, K)), dtype)
 
 
+def _tiles(w: nbits.NBitsWeights) -> nbits.NBitsWeights:
+    """w with B and scales in the tiles layout (ops.packing)."""
+    return dataclasses.replace(w, b=packing.pack_b(w.b, w.N, w.K),
+                               scales=packing.pack_scales(w.scales, w.N, w.K, w.block_size))
+
+
 class MatMulRunner:
     """One weight set as a single-node ort_mtp model (ops.nbits.single_node_model), on the device under
     test and on the CPU EP. tiles: the weights packed by ops.packing, the node with packing=1 (the CPU
-    op reads them too). graph: the device session captures ORT CUDA graphs."""
+    op reads them too). graph: the device session captures ORT CUDA graphs. second / activation: the
+    node's second weight set (outputs Y and Y2, or with activation="swiglu" the one Y)."""
 
     def __init__(self, ctx: Context, w: nbits.NBitsWeights, graph: bool = False, with_cpu: bool = True,
-                 tiles: bool = False):
+                 tiles: bool = False, second: nbits.NBitsWeights | None = None, activation: str | None = None):
         self.device, self.cpu, self.w = ctx.device, ctx.cpu, w
-        stored = w
+        self.outputs = [("Y", w.N)] + ([("Y2", second.N)] if second is not None and activation is None else [])
         if tiles:
-            stored = dataclasses.replace(w, b=packing.pack_b(w.b, w.N, w.K),
-                                         scales=packing.pack_scales(w.scales, w.N, w.K, w.block_size))
-        model = nbits.single_node_model(stored, domain="ort_mtp", a_shape=("M", None), packing=1 if tiles else None)
+            w, second = _tiles(w), (_tiles(second) if second is not None else None)
+        model = nbits.single_node_model(w, domain="ort_mtp", a_shape=("M", None), packing=1 if tiles else None,
+                                        second=second, activation=activation)
         self.session = make_session(self.device, model, graph_capture=graph)
         self.cpu_session = make_session(self.cpu, model) if with_cpu and not graph else None
 
     def bound(self, a: np.ndarray, cpu: bool = False):
         """(A buffer holding `a`, NaN-poisoned Y buffer, their IOBinding) on the device or the CPU EP."""
+        a_buf, (y_buf, *_), binding = self.bound_all(a, cpu)
+        return a_buf, y_buf, binding
+
+    def bound_all(self, a: np.ndarray, cpu: bool = False):
+        """(A buffer holding `a`, [NaN-poisoned buffer per output], their IOBinding)."""
         device, session = self._side(cpu)
         a_buf = Buffer.upload(device, a, self.w.dtype)
-        y_buf = Buffer.poisoned(device, (a.shape[0], self.w.N), self.w.dtype)
+        outs = [Buffer.poisoned(device, (a.shape[0], n), self.w.dtype) for _, n in self.outputs]
         binding = session.io_binding()
         a_buf.bind(binding, "A")
-        y_buf.bind(binding, "Y", output=True)
-        return a_buf, y_buf, binding
+        for (name, _), buf in zip(self.outputs, outs):
+            buf.bind(binding, name, output=True)
+        return a_buf, outs, binding
 
     def run(self, a: np.ndarray, cpu: bool = False) -> Buffer:
         """Y for A (float32 values representable in w.dtype), written into a poisoned buffer."""
+        return self.run_all(a, cpu)[0]
+
+    def run_all(self, a: np.ndarray, cpu: bool = False) -> list[Buffer]:
+        """Every output for A, each written into a poisoned buffer."""
         device, session = self._side(cpu)
-        _, y_buf, binding = self.bound(a, cpu)
+        _, outs, binding = self.bound_all(a, cpu)
         session.run_with_iobinding(binding, device.run_options(None))
-        return y_buf
+        return outs
 
     def _side(self, cpu: bool):
         return (self.cpu, self.cpu_session) if cpu else (self.device, self.session)
@@ -385,3 +402,72 @@ def check_graph(ctx: Context, cases: list | None = None):
             record["problem"] = (f"failed steps {bad[:4]}" if bad else
                                  "row 0 of the M=5 graph differs from the M=1 graph")
         yield record
+
+
+# ---------------------------------------------------------------------------------------------------
+# Two weight sets on one A (group pair)
+
+PAIR_MS = [1, 2, 5, 17]
+PAIR_CASES = [  # dtype, K, N, N2, block, zero points, bias, tiles, activation
+    ("float16", 5120, 17408, 17408, 32, None, False, True, "swiglu"),   # the 27B MLP's gate and up, tiles
+    ("bfloat16", 1024, 208, 208, 64, None, True, True, "swiglu"),
+    ("float16", 2048, 300, 300, 32, "packed", True, False, "swiglu"),   # the stream kernel
+    ("bfloat16", 512, 77, 77, 128, None, False, False, "swiglu"),
+    ("float32", 333, 40, 40, 32, "typed", True, False, "swiglu"),       # the general kernel
+    ("float16", 512, 130, 130, 16, None, False, False, "swiglu"),
+    ("float16", 1024, 64, 208, 32, None, True, True, None),             # two outputs
+    ("bfloat16", 640, 129, 31, 64, "packed", False, False, None),
+    ("float32", 256, 17, 9, 32, None, True, False, None),
+]
+
+
+def swiglu_bound(g: np.ndarray, u: np.ndarray, dtype: str) -> np.ndarray:
+    """How far Y may be from silu(g) * u in float64, for the g and u the node holds: SiluMul's float32
+    sequence (about 1 ulp on exp, a few roundings after it: 4 float32 ulps of the result) and the
+    final rounding to the type (1 ulp)."""
+    want = g / (1.0 + np.exp(-g)) * u
+    return 4 * ulp(want, "float32") + ulp(want, dtype) + 2.0 ** -140
+
+
+def check_pair(ctx: Context, cases: list | None = None):
+    """Per case (group pair): the two-weight node against one-weight nodes of its two sets, on the
+    device: Y and Y2 bit-identical to theirs (no activation), or Y within swiglu_bound of
+    silu(g) * u of their outputs g and u (activation="swiglu"); every row of M = PAIR_MS bit-identical
+    to the same row at the largest M. One record per case."""
+    rng = ctx.rng
+    for dtype, K, N, N2, block, zp, bias, tiles, activation in PAIR_CASES if cases is None else cases:
+        label = (f"{case_label(dtype, K, N, 4, block, zp, bias)} N2={N2}{' tiles' if tiles else ''} "
+                 f"{activation or 'two outputs'}")
+        ctx.started(label)
+        sets = [nbits.random_weights(rng, K, n, block_size=block, dtype=dtype, zero_points=zp, bias=bias)
+                for n in (N, N2)]
+        pair = MatMulRunner(ctx, sets[0], with_cpu=False, tiles=tiles, second=sets[1], activation=activation)
+        singles = [MatMulRunner(ctx, w, with_cpu=False, tiles=tiles) for w in sets]
+        a = random_a(rng, max(PAIR_MS), K, dtype)
+        full = pair.run_all(a)
+        parts = [s.run(a).floats() for s in singles]
+        problem, ratio = None, 0.0
+        if activation is None:
+            for name, got, want in zip(("Y", "Y2"), full, parts):
+                if not np.array_equal(got.floats(), want):
+                    problem = f"{name} differs from the one-weight node's output"
+                    break
+        else:
+            y = full[0].floats()
+            err = np.abs(y - parts[0] / (1.0 + np.exp(-parts[0])) * parts[1])
+            tol = swiglu_bound(parts[0], parts[1], dtype)
+            ratio = float(np.nanmax(err / tol)) if y.size else 0.0
+            if not (np.all(np.isfinite(y)) and np.all(err <= tol)):
+                problem = f"Y is {ratio:.3g} bounds from silu(g) * u of the one-weight nodes' outputs"
+        full_bits = [o.bits() for o in full]
+        mismatches = []
+        for M in PAIR_MS[:-1]:
+            outs = pair.run_all(np.ascontiguousarray(a[:M]))
+            for name, o, want in zip(("Y", "Y2"), outs, full_bits):
+                rows = [i for i in range(M) if not np.array_equal(o.bits()[i], want[i])]
+                if rows:
+                    mismatches.append({"M": M, "output": name, "rows": rows[:8]})
+        if problem is None and mismatches:
+            problem = f"rows differ from the M={max(PAIR_MS)} call: {mismatches[:3]}"
+        yield dict(case=label, Ms=PAIR_MS, path=kernel_path(ctx, dtype, 4, block, zp, K, N, tiles),
+                   swiglu_error_over_bound=ratio, mismatches=mismatches, ok=problem is None, problem=problem)

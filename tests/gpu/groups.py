@@ -19,7 +19,7 @@ import cases_fuzz
 import cases_gated_delta_net
 import cases_group_query_attention
 import cases_matmul
-from cases_matmul import SMOKE_CASES, check_decode_consistency, check_graph, check_matmul, check_smoke
+from cases_matmul import SMOKE_CASES, check_decode_consistency, check_graph, check_matmul, check_pair, check_smoke
 from harness import Context
 
 
@@ -44,6 +44,8 @@ MATMUL = [
     Group("smoke-tiles", "tiles kernel (packing=1, weights packed by ops.packing): fp16/bf16 x block 32/64/128, "
           "K-parts, waves, two-shape cuts", partial(check_smoke, cases=SMOKE_CASES["tiles"], tiles=True)),
     Group("matmul", "fixed coverage list + random cases vs the float64 reference and our CPU op", check_matmul),
+    Group("pair", "two weight sets on one A (the swiglu MLP form and two outputs; tiles, stream and general "
+          "kernels) against one-weight nodes, rows bit-identical across M", check_pair),
     Group("decode", "rows bit-identical across M = 1..16, 17, 24, 33, 40 (default kernels)", check_decode_consistency),
     Group("graph", "capture and replay under ORT's CUDA graph (PDL launches, the default), new data into "
           "bound buffers", check_graph),
