@@ -43,7 +43,9 @@ MAIN_FORWARDS = ("decode", "verify", "re-advance")  # forwards of the main graph
 
 def ensure_folder(folder: Path, state_window: int) -> dict:
     if (folder / "genai_config.json").is_file():
-        return {"built": False}
+        from driver.folder import read_folder
+
+        return {"built": False, "state_window": read_folder(folder).main.state_window}
     start = time.perf_counter()
     subprocess.run([sys.executable, "-m", "models", "build", "--preset", "qwen35-27b", "--out", str(folder),
                     "--precision", "int4", "--ep", "cuda", "--state-window", str(state_window), "--overwrite"],
