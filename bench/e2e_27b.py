@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from ops.rewrite import MLP, REWRITES  # noqa: E402
+from ops.rewrite import REWRITES  # noqa: E402
 
 MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
 MAIN_FORWARDS = ("decode", "verify", "re-advance")  # forwards of the main graph after the prompt's
@@ -209,12 +209,13 @@ def rewrite_summary(gen, rewrite) -> dict:
 
     if not rewrite:
         return {"matmul_nbits": 0, "gated_delta_net": 0, "linear_attention_kept": 0, "group_query_attention": 0,
-                "float_matmul": 0, "gated_attention": 0, "mlp": 0}
+                "float_matmul": 0, "gated_attention": 0, "mlp": 0, "norm": 0}
     report = rewrite_graph(gen.folder.main, rewrite, gen.device)[1]
     return {"matmul_nbits": report.count, "gated_delta_net": len(report.linear_attention.rewritten),
             "linear_attention_kept": len(report.linear_attention.kept),
             "group_query_attention": len(report.attention.rewritten), "float_matmul": len(report.float_matmul.rewritten),
-            "gated_attention": len(report.gated_attention.rewritten), "mlp": len(report.mlp.rewritten)}
+            "gated_attention": len(report.gated_attention.rewritten), "mlp": len(report.mlp.rewritten),
+            "norm": len(report.norm.rewritten)}
 
 
 def run_genai(folder: Path, prompts: list[list[int]], new_tokens: int) -> dict:
@@ -277,8 +278,8 @@ def main() -> int:
     ap.add_argument("--provider", default="cuda", help="cpu: a dry run of the script on a CPU folder")
     ap.add_argument("--configurations", default="ours,ort,genai",
                     help="any of ours, ours_mm (ours with only the MatMulNBits rewrite: ORT's own linear-attention "
-                         "nodes), ours_nomlp (every rewrite but the gated-MLP fusion), tiles (ours on the folder "
-                         "rewritten with --pack), ort, genai")
+                         "nodes), ours_no<kind> (every rewrite but one of ops.rewrite.REWRITES, '-' dropped: "
+                         "ours_nomlp, ours_nonorm, ...), tiles (ours on the folder rewritten with --pack), ort, genai")
     ap.add_argument("--skip-identity", action="store_true", help="leave out the per-op identity check")
     ap.add_argument("--repetitions", type=int, default=1, help="measured passes per prompt after the warm-up (medians)")
     ap.add_argument("--ort-repetitions", type=int, help="measured passes for the `ort` configuration (the anchor; "
@@ -286,7 +287,7 @@ def main() -> int:
     ap.add_argument("--phases", action="store_true", help="also one profiled pass per mode: ms per round per phase")
     ap.add_argument("--temperatures", default="",
                     help="comma list: also time sampled decoding (plain and MTP) at these temperatures, "
-                         "for the first configuration in --configurations' order (ours, ours_mm, ours_nomlp, tiles, ort)")
+                         "for the first configuration in --configurations' order (ours, ours_mm, ours_no<kind>, tiles, ort)")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out.mkdir(parents=True, exist_ok=True)
@@ -299,14 +300,16 @@ def main() -> int:
     report["configurations"] = []
     wanted = args.configurations.split(",")
     temps = tuple(float(t) for t in args.temperatures.split(",") if t)
-    for label in ("ours", "ours_mm", "ours_nomlp", "tiles", "ort"):
+    without = {f"ours_no{kind.replace('-', '')}": kind for kind in REWRITES}
+    for label in ("ours", "ours_mm", *without, "tiles", "ort"):
         if label not in wanted:
             continue
         where = folder
         if label == "tiles":
             where, report["tiles_folder"] = tiles_folder(folder)
-        rewrite = {"ort": False, "ours_mm": ("matmul",),
-                   "ours_nomlp": tuple(k for k in REWRITES if k != MLP)}.get(label, True)
+        rewrite = {"ort": False, "ours_mm": ("matmul",)}.get(label, True)
+        if label in without:
+            rewrite = tuple(k for k in REWRITES if k != without[label])
         temperatures = () if report["configurations"] else temps
         report["configurations"].append(
             run_configuration(where, args.provider, rewrite, prompts, args.new_tokens, label, temperatures,

@@ -14,6 +14,7 @@ void AddGatedDeltaNetOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddFloatMatMulOps(Ort::CustomOpDomain& domain, bool with_cuda);
 void AddGatedAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda);
+void AddSkipNormOps(Ort::CustomOpDomain& domain, bool with_cuda);
 
 // Adds an op family templated on <FloatType, bool cuda>: its CPU classes for float32, float16 and
 // bfloat16, and its CUDA classes too when `cuda` (in a CUDA build). The classes are static: the domain

@@ -24,6 +24,7 @@ Ort::CustomOpDomain* Domain() {
     ort_mtp::AddGroupQueryAttentionOps(*d, with_cuda);
     ort_mtp::AddFloatMatMulOps(*d, with_cuda);
     ort_mtp::AddGatedAttentionOps(*d, with_cuda);
+    ort_mtp::AddSkipNormOps(*d, with_cuda);
     return d;
   }();
   return domain;

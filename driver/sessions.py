@@ -11,16 +11,18 @@ com.microsoft GroupQueryAttention node becomes ort_mtp::GroupQueryAttention (ops
 query rows do not depend on the width, where the library runs it on the device (a CUDA build does
 unless ORT_MTP_GQA_CUDA=0; otherwise CUDA sessions keep ORT's). Every ONNX MatMul with a constant narrow weight (the Gated DeltaNet's
 a and b projections) becomes ort_mtp::MatMul (ops.float_matmul), whose rows do not depend on the
-number of rows, where the library runs it on the device. Where the library runs that form (the CPU),
-each gated MLP's gate and up projections and SiLU become one ort_mtp::MatMulNBits node
-(activation=swiglu, ops.mlp): four fewer nodes per layer; and each gated attention mixer (q/gate split,
-per-head norms, MRoPE, attention, sigmoid gate) one ort_mtp::GatedAttention node (ops.gated_attention). The rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
+number of rows, where the library runs it on the device. Each gated MLP's gate and up projections and
+SiLU become one ort_mtp::MatMulNBits node (activation=swiglu, ops.mlp): four fewer nodes per layer; each
+gated attention mixer (q/gate split, per-head norms, MRoPE, attention, sigmoid gate) one
+ort_mtp::GatedAttention node (ops.gated_attention); and each com.microsoft SkipSimplifiedLayerNormalization
+ours (ops.norm), which on CUDA lets the matmul after it start under programmatic dependent launch. The
+rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
 the model folder for the external weights, so a read-only folder works and no derived file is ever
 written; the rewrite itself reads no weight (the graph proto is loaded without external data).
 
 `rewrite`: True (every rewrite), False (ORT's own ops: `--no-rewrite`), or the names of the rewrites
 to run (ops.rewrite.REWRITES: "matmul", "linear-attention", "attention", "float-matmul", "mlp",
-"gated-attention").
+"gated-attention", "norm").
 
 `pack`: the tiles layout of ort_mtp::MatMulNBits (packing=1): 11% more tokens/s greedy on CUDA
 (README, 27B-class). None (the default) packs on CUDA devices and not on the CPU, True / False say
@@ -120,9 +122,10 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
     float_matmul = recorded(ops.rewrite.float_matmul_check(None, provider, device_id))
     mlp = ops.rewrite.mlp_check(None, provider, device_id)
     gated = ops.rewrite.gated_attention_check(None, provider, device_id)
+    norm = ops.rewrite.norm_check(None, provider, device_id)
     report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent,
                                               attention=attention, float_matmul=float_matmul, mlp=mlp,
-                                              gated_attention=gated)
+                                              gated_attention=gated, norm=norm)
     for block, why in report.linear_attention.kept:
         level = logging.INFO if why in unavailable else logging.WARNING
         log.log(level, "%s: linear-attention block %s stays on ONNX Runtime's ops: %s", spec.path.name, block, why)
@@ -132,12 +135,14 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
     for node, why in report.float_matmul.kept:
         level = logging.INFO if why in unavailable else logging.WARNING
         log.log(level, "%s: %s stays on ONNX Runtime's MatMul: %s", spec.path.name, node, why)
-    # The two fusions only save nodes (the nodes they replace are row-consistent already): what they keep
-    # is worth a note, not a warning (a CUDA session, whose kernels lack the fused forms).
+    # The two fusions and the norm only save time (the nodes they replace are row-consistent already):
+    # what they keep is worth a note, not a warning.
     for node, why in report.mlp.kept:
         log.info("%s: the MLP of %s stays as separate nodes: %s", spec.path.name, node, why)
     for node, why in report.gated_attention.kept:
         log.info("%s: the attention mixer of %s stays as separate nodes: %s", spec.path.name, node, why)
+    for node, why in report.norm.kept:  # ORT's norm is row-consistent too: only the launch differs
+        log.info("%s: %s stays on ONNX Runtime's SkipSimplifiedLayerNormalization: %s", spec.path.name, node, why)
     return proto, report
 
 

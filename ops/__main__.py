@@ -3,7 +3,7 @@
     python -m ops info [--json]
     python -m ops library-path
     python -m ops rewrite IN OUT [--include PAT]... [--exclude PAT]... [--library PATH] [--pack]
-                                 [--only matmul|linear-attention|attention|float-matmul|mlp|gated-attention]
+                                 [--only matmul|linear-attention|attention|float-matmul|mlp|gated-attention|norm]
 
 IN/OUT: an .onnx file, or an onnxruntime-genai model folder (the folder OUT then also runs in
 onnxruntime-genai itself). A user mistake prints one "error: ..." line and exits with status 2.
@@ -17,7 +17,7 @@ import os
 import sys
 
 from . import LibraryNotFoundError, cuda_kernels_built, library_path, visible_gpus
-from .rewrite import ATTENTION, FLOAT_MATMUL, GATED_ATTENTION, LINEAR_ATTENTION, MATMUL, MLP, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
+from .rewrite import ATTENTION, FLOAT_MATMUL, GATED_ATTENTION, LINEAR_ATTENTION, MATMUL, MLP, NORM, REWRITES, FileReport, FolderReport, RewriteError, rewrite_path
 from .staging import OutputError
 from .usage import Parser, UsageError
 
@@ -197,6 +197,11 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
             print(f"{name}: fused {len(mixers.rewritten)} of {mixers.total} attention mixers (q/gate split, norms, "
                   "rotary, attention, gate) into ort_mtp GatedAttention")
             _print_kept(name, mixers.kept, "the attention mixer of ", "as separate nodes")
+        norms = model.norm
+        if NORM in kinds and (norms.rewritten or kinds == (NORM,)):
+            print(f"{name}: rewrote {len(norms.rewritten)} of {norms.total} SkipSimplifiedLayerNormalization nodes "
+                  "into ours")
+            _print_kept(name, norms.kept, "", "as com.microsoft")
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}

@@ -69,7 +69,8 @@ ATTENTION = "attention"
 FLOAT_MATMUL = "float-matmul"
 MLP = "mlp"
 GATED_ATTENTION = "gated-attention"
-REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION)
+NORM = "norm"
+REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION, NORM)
 """The rewrite kinds (`python -m ops rewrite --only NAME`, the driver's rewrite=...)."""
 
 
@@ -157,6 +158,7 @@ class ModelReport:
     float_matmul_merged: list[str] = field(default_factory=list)  # two-weight ort_mtp MatMul nodes made from pairs
     mlp: BlockReport = field(default_factory=BlockReport)  # gated MLPs fused into one node, by their Sigmoid
     gated_attention: BlockReport = field(default_factory=BlockReport)  # attention mixers in one node, by their GQA
+    norm: BlockReport = field(default_factory=BlockReport)  # SkipSimplifiedLayerNormalization nodes, by name
 
     @property
     def count(self) -> int:
@@ -168,7 +170,8 @@ class ModelReport:
         """Whether anything was rewritten (a MatMulNBits node, a linear-attention block, an attention node,
         a MatMul node)."""
         return bool(self.rewritten or self.linear_attention.rewritten or self.attention.rewritten
-                    or self.float_matmul.rewritten or self.mlp.rewritten or self.gated_attention.rewritten)
+                    or self.float_matmul.rewritten or self.mlp.rewritten or self.gated_attention.rewritten
+                    or self.norm.rewritten)
 
 
 def rewrite_model(model: onnx.ModelProto, include=None, exclude=None, rewrites=None) -> int:
@@ -189,7 +192,7 @@ def _rewrite_kinds(rewrites) -> tuple[str, ...]:
 
 def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None = None, rewrites=None,
                          gated_delta_net=None, base_dir=None, attention=None, float_matmul=None,
-                         mlp=None, gated_attention=None) -> ModelReport:
+                         mlp=None, gated_attention=None, norm=None) -> ModelReport:
     """Rewrites, in place, in the main graph, its subgraphs and the model's functions: the
     com.microsoft MatMulNBits nodes and the linear-attention blocks selected by node_filter (see
     NodeFilter; a block is selected by its LinearAttention node's name). `rewrites`: which kinds run
@@ -200,7 +203,8 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
     ONNX MatMul nodes (ops.float_matmul.available), `mlp(dtype) -> None | reason` for gated MLPs
     (ops.mlp.available; the mlp kind runs after the matmul one, on ort_mtp MatMulNBits nodes),
     `gated_attention(dtype) -> None | reason` for attention mixers (ops.gated_attention.available; after the
-    attention kind, on ort_mtp GroupQueryAttention nodes). `base_dir`: the model's folder, where small
+    attention kind, on ort_mtp GroupQueryAttention nodes), `norm(dtype) -> None | reason` for
+    SkipSimplifiedLayerNormalization nodes (ops.norm.available). `base_dir`: the model's folder, where small
     constants stored as external data are read from (no large initializer is read). Adds the
     ort_mtp opset import where it rewrote a node. The proto is not touched when nothing is
     rewritten; otherwise every node, initializer, external reference and value_info that is not
@@ -219,6 +223,8 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
         wanted |= {(SOURCE_DOMAIN, MATMUL_NBITS), (DOMAIN, MATMUL_NBITS)}
     if GATED_ATTENTION in kinds:
         wanted |= {(SOURCE_DOMAIN, "GroupQueryAttention"), (DOMAIN, "GroupQueryAttention")}
+    if NORM in kinds:
+        wanted.add((SOURCE_DOMAIN, "SkipSimplifiedLayerNormalization"))
     if not any((n.domain, n.op_type) in wanted for _, nodes in _node_lists(model) for n in nodes):
         return report  # nothing to look at: no onnx-ir view of the model is built
 
@@ -258,6 +264,11 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
         from .gated_attention import GatedAttentionRewrite
 
         report.gated_attention = blocks(GatedAttentionRewrite(gated_attention))
+    if NORM in kinds:
+        from . import norm as norm_rewrite
+
+        outcome = norm_rewrite.rewrite(view, norm, node_filter.selects)
+        report.norm = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
     if report.changed:
         rewritten = ir.serde.serialize_model(view)
         _keep_value_info(model, rewritten)
@@ -464,6 +475,14 @@ def mlp_check(library: str | os.PathLike | None = None, provider: str = "cpu", d
     return _library_check(mlp.available, "MatMulNBits (activation=swiglu)", library, provider, device_id)
 
 
+def norm_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
+    """The `norm` argument of rewrite_model_report: a SkipSimplifiedLayerNormalization node is rewritten
+    only where `library` runs ours for its type on `provider`."""
+    from . import norm
+
+    return _library_check(norm.available, "SkipSimplifiedLayerNormalization", library, provider, device_id)
+
+
 def float_matmul_check(library: str | os.PathLike | None = None, provider: str = "cpu", device_id: int = 0):
     """The `float_matmul` argument of rewrite_model_report: a MatMul node is rewritten only where
     `library` runs ort_mtp::MatMul for its type on `provider`."""
@@ -497,7 +516,8 @@ def rewrite_file(source, output, include=None, exclude=None, require_rewrite: bo
     node_filter = NodeFilter(include, exclude)
     report = FileReport(source, output, rewrite_model_report(
         model, node_filter, rewrites, gated_delta_net_check(), base_dir=source.parent, attention=attention_check(),
-        float_matmul=float_matmul_check(), mlp=mlp_check(), gated_attention=gated_attention_check()))
+        float_matmul=float_matmul_check(), mlp=mlp_check(), gated_attention=gated_attention_check(),
+        norm=norm_check()))
     report.unmatched_patterns = node_filter.unmatched()
     if require_rewrite and not report.model.changed and not (pack and _has_our_nodes(model)):
         raise RewriteError(_nothing_rewritten(source, report.model, _rewrite_kinds(rewrites)))
@@ -657,7 +677,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
                                                    attention=attention_check(library, provider, device_id),
                                                    float_matmul=float_matmul_check(library, provider, device_id),
                                                    mlp=mlp_check(library, provider, device_id),
-                                                   gated_attention=gated_attention_check(library, provider, device_id))
+                                                   gated_attention=gated_attention_check(library, provider, device_id),
+                                                   norm=norm_check(library, provider, device_id))
         if report.models[name].changed or (pack and _has_our_nodes(model)):
             rewritten[name] = model  # with pack, a model already on our op is rewritten too
     report.unmatched_patterns = node_filter.unmatched()
@@ -676,6 +697,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
             merged.mlp.filtered_out += r.mlp.filtered_out
             merged.gated_attention.kept += r.gated_attention.kept
             merged.gated_attention.filtered_out += r.gated_attention.filtered_out
+            merged.norm.kept += r.norm.kept
+            merged.norm.filtered_out += r.norm.filtered_out
         raise RewriteError(_nothing_rewritten(source, merged, kinds))
 
     lib_src = Path(library) if library else Path(library_path())
@@ -765,6 +788,7 @@ _SINGLE_KIND_WORDS = {
           "has no gated MLP on ort_mtp MatMulNBits nodes (the mlp rewrite runs after the matmul one)"),
     GATED_ATTENTION: ("gated_attention", "attention mixers",
                       "has no ort_mtp GroupQueryAttention node (the gated-attention rewrite runs after the attention one)"),
+    NORM: ("norm", "SkipSimplifiedLayerNormalization nodes", "has no com.microsoft SkipSimplifiedLayerNormalization node"),
 }
 
 

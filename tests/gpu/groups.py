@@ -19,6 +19,7 @@ import cases_fuzz
 import cases_gated_delta_net
 import cases_group_query_attention
 import cases_matmul
+import cases_skip_norm
 from cases_matmul import SMOKE_CASES, check_decode_consistency, check_graph, check_matmul, check_pair, check_smoke
 from harness import Context
 
@@ -92,6 +93,12 @@ FLOAT_MATMUL = [
           cases_float_matmul.check_float_matmul),
 ]
 
+SKIP_NORM = [
+    Group("skip-norm", "SkipSimplifiedLayerNormalization: CUDA against our CPU op (27B-class H=5120 at M=1..5 and "
+          "2048, bf16 with bias, fp32 odd H, H=1, the largest H), rows bit-identical to 1-row calls, CUDA graph",
+          cases_skip_norm.check_skip_norm),
+]
+
 OP_FUZZ = [
     Group(f"op-fuzz-seed{seed}", f"tests/op_fuzz.py's {cases_fuzz.CASES} random cases of seed {seed} for both ops: "
           "exact or ONNX Runtime's error, never a crash", partial(cases_fuzz.check_op_fuzz, seed=seed))
@@ -99,5 +106,5 @@ OP_FUZZ = [
 ]
 
 GROUPS = {g.name: g for g in MATMUL + PLAIN_LAUNCHES + COPY_SLOTS + GATED_DELTA_NET + GROUP_QUERY_ATTENTION
-          + GATED_ATTENTION + FLOAT_MATMUL
+          + GATED_ATTENTION + FLOAT_MATMUL + SKIP_NORM
           + OP_FUZZ}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# ort_mtp::SkipSimplifiedLayerNormalization on CUDA (programmatic dependent launch), H200, after the device
+# setup chunks, one call:
+#   bash bench/results/2026-12-05-skip-norm-cuda/run.sh
+# the skip-norm GPU group, the same under memcheck, bench/e2e_27b.py with and without the norm rewrite
+# (one process), the kernel profile. The library is built on the development machine (cmake
+# -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real, Release), stripped and carried xz-compressed as
+# .devlib/libort_mtp_ops.so.xz; built here if it does not load. Results come back as $OUT/r.tgz.
+set -u
+export PYTHONUNBUFFERED=1
+R=/tmp/r/n; mkdir -p $R; T0=$(date +%s)
+st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a $R/steps.log; }
+pack() { tar -C /tmp/r -czf $OUT/r.tgz n; }
+export ORT_MTP_LIBRARY=/tmp/b/libort_mtp_ops.so ORT_MTP_CACHE_DIR=/tmp/tiles-cache
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv > $R/gpu.txt 2>&1
+if [ ! -f $ORT_MTP_LIBRARY ]; then
+  st library
+  mkdir -p /tmp/b && xz -dc .devlib/libort_mtp_ops.so.xz > $ORT_MTP_LIBRARY
+  if ! python3 -c "import onnxruntime as o; o.SessionOptions().register_custom_ops_library('$ORT_MTP_LIBRARY'); print('carried library loads')"; then
+    st build
+    ( cmake -S . -B /tmp/b -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real && timeout 400 ninja -C /tmp/b -j16 ) > $R/build.log 2>&1 || { tail -40 $R/build.log; pack; exit 1; }
+  fi
+fi
+st skip-norm group
+timeout 100 python3 -m pytest tests/gpu -k "skip-norm" -v -rA --gpu-logs $R/group_logs > $R/group.log 2>&1; echo "group rc $?" | tee -a $R/steps.log
+grep -hE "^(ok|FAIL)" $R/group_logs/*.log | cut -c1-250
+st skip-norm memcheck
+timeout 100 python3 -m pytest tests/gpu -k "skip-norm" --sanitizer memcheck -v -rA --gpu-logs $R/memcheck_logs > $R/memcheck.log 2>&1; echo "memcheck rc $?" | tee -a $R/steps.log
+tail -2 $R/memcheck.log | cut -c1-300; pack
+st e2e with and without the norm rewrite, 256 new tokens
+OUT=$R timeout 380 python3 bench/e2e_27b.py --configurations ours,ours_nonorm --prompts 4 --new-tokens 256 --repetitions 2 > $R/e2e_ab.log 2>&1; echo "e2e ab rc $?" | tee -a $R/steps.log
+mv $R/e2e_27b.json $R/e2e_ab.json 2>/dev/null; grep -v "W:onnxruntime" $R/e2e_ab.log | tail -14; pack
+st kernel profile
+OUT=$R timeout 90 python3 bench/kernel_profile_27b.py --json profile.json > $R/profile.log 2>&1; echo "profile rc $?" | tee -a $R/steps.log
+grep -E "GPU kernels|^  [a-z]" $R/profile.log | cut -c1-150
+st done
+pack
