@@ -144,8 +144,17 @@ def test_errors_name_the_node(change, message):
 # ---- the rewrite -----------------------------------------------------------------------------------
 
 
-def _rewrite(model, library_check=True):
-    return rewrite_model_report(model, rewrites=(NORM,), norm=norm_check() if library_check else None)
+def _rewrite(model):
+    """The rewrite as on CUDA, structurally (no library check: the CPU EP keeps ORT's kernel)."""
+    return rewrite_model_report(model, rewrites=(NORM,))
+
+
+def test_the_cpu_ep_keeps_onnx_runtime_s_kernel():
+    model = norm.model(64, "float16", domain="com.microsoft", node_name=NODE)
+    report = rewrite_model_report(model, rewrites=(NORM,), norm=norm_check())
+    assert not report.norm.rewritten and report.norm.kept == [
+        (NODE, "on the CPU EP ONNX Runtime's kernel is kept (ours is for CUDA's programmatic dependent launch)")]
+    assert model.graph.node[0].domain == "com.microsoft"
 
 
 def test_a_com_microsoft_node_changes_domain_and_computes_what_ours_does():
@@ -175,24 +184,27 @@ def test_kept_nodes_say_why(kwargs, edit, reason):
     model = norm.model(args.pop("hidden"), **args)
     if edit:
         edit(model.graph.node[0])
-    report = _rewrite(model, library_check=False)
+    report = _rewrite(model)
     assert not report.norm.rewritten and len(report.norm.kept) == 1
     assert report.norm.kept[0][0] == NODE and reason in report.norm.kept[0][1], report.norm.kept
 
 
 def test_our_folders_norms_move_to_our_op(tiny_folder):
-    from driver.folder import read_folder
-    from driver.sessions import rewrite_graph
+    """Every norm of the tiny preset takes ours (structurally, as on CUDA), none asking for the outputs
+    ours does not compute."""
+    import onnx
 
-    proto, report = rewrite_graph(read_folder(tiny_folder).main, True, None)
+    proto = onnx.load(tiny_folder / "model.onnx", load_external_data=False)
+    report = rewrite_model_report(proto, rewrites=(NORM,))
     skip_norms = [n for n in proto.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
     assert skip_norms and all(n.domain == "ort_mtp" for n in skip_norms)
     assert len(report.norm.rewritten) == len(skip_norms) and not report.norm.kept
+    assert all(list(n.output)[1:3] in ([], ["", ""]) for n in skip_norms)  # no mean / inv_std_var asked for
 
 
-def test_cli_only_norm(tiny_folder, tmp_path, capsys):
+def test_cli_only_norm_on_the_cpu_says_why(tiny_folder, tmp_path, capsys):
     from ops.__main__ import main
 
-    assert main(["rewrite", str(tiny_folder / "model.onnx"), str(tmp_path / "out.onnx"), "--only", NORM]) == 0
-    out = capsys.readouterr().out
-    assert "rewrote" in out and "SkipSimplifiedLayerNormalization nodes into ours" in out
+    assert main(["rewrite", str(tiny_folder / "model.onnx"), str(tmp_path / "out.onnx"), "--only", NORM]) != 0
+    err = capsys.readouterr().err
+    assert "SkipSimplifiedLayerNormalization nodes can be rewritten" in err and "on the CPU EP" in err
