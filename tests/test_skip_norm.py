@@ -19,21 +19,13 @@ import pytest
 
 import ops
 import ops.norm as norm
+from ops.nbits import round_to
 from ops.rewrite import NORM, norm_check, rewrite_model_report
 
 NODE = "/model/layers.1/input_layernorm"
 LABEL = f"SkipSimplifiedLayerNormalization node '{NODE}'"
 U = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 EPS = 1e-6
-
-
-def _representable(x, dtype: str) -> np.ndarray:
-    x = np.asarray(x, np.float32)
-    if dtype == "float16":
-        return x.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        return (x.view(np.uint32) & 0xFFFF0000).view(np.float32)
-    return x
 
 
 def _session(model, threads: int = 0, register: bool = True):
@@ -48,8 +40,8 @@ def _session(model, threads: int = 0, register: bool = True):
 
 def _feeds(rng, m: int, hidden: int, dtype: str, scale: float = 1.0):
     io = np.float16 if dtype == "float16" else np.float32
-    x = _representable(rng.standard_normal((1, m, hidden)) * scale, dtype).astype(io)
-    r = _representable(rng.standard_normal((1, m, hidden)) * scale, dtype).astype(io)
+    x = round_to(rng.standard_normal((1, m, hidden)) * scale, dtype).astype(io)
+    r = round_to(rng.standard_normal((1, m, hidden)) * scale, dtype).astype(io)
     return {"input": x, "skip": r}
 
 
@@ -66,8 +58,8 @@ def _bound(feeds, gamma, bias, dtype):
 @pytest.mark.parametrize("hidden,bias", [(64, False), (5120, False), (100, True), (1, False)])
 def test_matches_reference_and_rows_do_not_depend_on_m(dtype, hidden, bias):
     rng = np.random.default_rng(hidden)
-    gamma = _representable(1 + rng.standard_normal(hidden) / 4, dtype)
-    b = _representable(rng.standard_normal(hidden), dtype) if bias else None
+    gamma = round_to(1 + rng.standard_normal(hidden) / 4, dtype)
+    b = round_to(rng.standard_normal(hidden), dtype) if bias else None
     session = _session(norm.model(hidden, dtype, node_name=NODE, gamma=gamma, bias=b, float32_io=dtype == "bfloat16"))
     feeds = _feeds(rng, 6, hidden, dtype)
     y, s = session.run(None, feeds)
@@ -92,7 +84,7 @@ def test_rows_do_not_depend_on_thread_count_and_many_rows_split():
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_agrees_with_onnx_runtime_s_op(dtype):
     rng = np.random.default_rng(4)
-    gamma = _representable(1 + rng.standard_normal(256) / 4, dtype)
+    gamma = round_to(1 + rng.standard_normal(256) / 4, dtype)
     feeds = _feeds(rng, 5, 256, dtype)
     ours = _session(norm.model(256, dtype, gamma=gamma)).run(None, feeds)
     theirs = _session(norm.model(256, dtype, domain="com.microsoft", gamma=gamma), register=False).run(None, feeds)

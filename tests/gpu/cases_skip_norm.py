@@ -31,6 +31,7 @@ from harness import UNIT_ROUNDOFF as U, Buffer, Context  # first: it puts the ch
 
 from driver.device import make_session  # noqa: E402
 import ops.norm as norm  # noqa: E402
+from ops.nbits import round_to  # noqa: E402
 
 NODE = "/model/layers.1/post_attention_layernorm"
 EPS = 1e-6
@@ -55,15 +56,6 @@ FIXED = [Case(5120, m) for m in (1, 2, 3, 4, 5)] + [
     Case(1, 3, "float32", True),
     Case(norm.MAX_HIDDEN, 2),      # the kernel's largest row: 48 KB of shared memory
 ]
-
-
-def representable(x: np.ndarray, dtype: str) -> np.ndarray:
-    x = np.asarray(x, np.float32)
-    if dtype == "float16":
-        return x.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        return (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32)
-    return x
 
 
 class Runner:
@@ -91,9 +83,9 @@ class Runner:
 
 
 def case_data(rng, case: Case):
-    x, r = (representable(rng.standard_normal((1, case.m, case.hidden)), case.dtype) for _ in range(2))
-    gamma = representable(1 + rng.standard_normal(case.hidden) / 4, case.dtype)
-    bias = representable(rng.standard_normal(case.hidden), case.dtype) if case.bias else None
+    x, r = (round_to(rng.standard_normal((1, case.m, case.hidden)), case.dtype) for _ in range(2))
+    gamma = round_to(1 + rng.standard_normal(case.hidden) / 4, case.dtype)
+    bias = round_to(rng.standard_normal(case.hidden), case.dtype) if case.bias else None
     return x, r, gamma, bias
 
 
@@ -134,7 +126,7 @@ def check_graph(ctx: Context, case: Case, steps: int = 4) -> dict:
     bad = []
     for step in range(steps):
         if step:
-            x, r = (representable(ctx.rng.standard_normal(x.shape), case.dtype) for _ in range(2))
+            x, r = (round_to(ctx.rng.standard_normal(x.shape), case.dtype) for _ in range(2))
             inputs[0].write(x)
             inputs[1].write(r)
         want = plain.run(x, r)
