@@ -1,5 +1,5 @@
 """Random cases for the library's ops (CopySlots, MatMulNBits and its two-weight forms, GatedDeltaNet,
-GroupQueryAttention, GatedAttention), as a hostile model
+GroupQueryAttention, GatedAttention, SkipSimplifiedLayerNormalization), as a hostile model
 file or a careless caller would build them: random shapes, element types, declared output types,
 attributes, bound buffers, and weights as initializers or as graph inputs.
 
@@ -36,7 +36,7 @@ import ops  # noqa: E402
 from ops import gated_delta_net as gdn  # noqa: E402
 from ops import gated_attention as gated  # noqa: E402
 from ops import group_query_attention as gqa  # noqa: E402
-from ops import nbits, packing  # noqa: E402
+from ops import nbits, norm, packing  # noqa: E402
 from ops.copy_slots import Pair, copy_slots_model, elem_type, expected  # noqa: E402
 
 NODE = "fuzz"
@@ -824,6 +824,77 @@ def run_gated_attention(case: dict, provider: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
+# SkipSimplifiedLayerNormalization
+
+NORM_MUTATIONS = ["epsilon_attr", "mean_output", "skip_shape", "gamma_shape", "bias_shape", "scalar_input",
+                  "skip_dtype"]
+
+
+def skip_norm_case(rng) -> dict:
+    return {"op": "SkipSimplifiedLayerNormalization", "hidden": int(rng.integers(1, 300)),
+            "lead": [int(d) for d in rng.integers(0, 5, size=int(rng.integers(0, 3)))],
+            "dtype": str(rng.choice(["float32", "float16"])), "bias": bool(rng.random() < 0.5),
+            "sum": bool(rng.random() < 0.7), "epsilon": float(rng.choice([1e-6, 1e-5, 0.0, 0.5])),
+            "mutations": sorted({str(m) for m in rng.choice(NORM_MUTATIONS, size=int(rng.choice([0, 0, 1, 1, 2])))}),
+            "choice": int(rng.integers(0, 1 << 30))}
+
+
+def run_skip_norm(case: dict, provider: str) -> str:
+    rng = np.random.default_rng(case["choice"])
+    H, dtype, mutations = case["hidden"], case["dtype"], set(case["mutations"])
+    gamma = nbits.round_to(1 + rng.standard_normal(H) / 4, dtype)
+    bias = nbits.round_to(rng.standard_normal(H), dtype) if case["bias"] else None
+    outputs = ["output", "mean" if "mean_output" in mutations else "", "", "input_skip_bias_sum" if case["sum"] else ""]
+    while not outputs[-1]:
+        outputs.pop()
+    model = norm.model(H, dtype, node_name=NODE, epsilon=case["epsilon"], gamma=gamma, bias=bias, outputs=outputs)
+    node = model.graph.node[0]
+    if "epsilon_attr" in mutations:
+        choice = int(rng.integers(0, 3))
+        if choice == 0:
+            node.ClearField("attribute")
+        else:
+            _set_attr(node, "epsilon", float("nan") if choice == 1 else -1.0)
+    if "gamma_shape" in mutations or "bias_shape" in mutations:
+        name = "gamma" if "gamma_shape" in mutations or bias is None else "bias"
+        init = next(t for t in model.graph.initializer if t.name == name)
+        init.CopyFrom(nbits.tensor(name, np.ones(H + 1, np.float32).astype(dtype)))
+    shape = [*case["lead"], H]
+    x = nbits.round_to(rng.standard_normal(shape), dtype).astype(dtype)
+    r = nbits.round_to(rng.standard_normal(shape), dtype).astype(dtype)
+    if "skip_shape" in mutations:
+        r = np.concatenate([r, r[..., :1]], axis=-1)
+    if "scalar_input" in mutations:
+        x, r = np.asarray(gamma[0], dtype), np.asarray(gamma[0], dtype)
+    if "skip_dtype" in mutations:  # skip declared and fed in the other float type
+        other = "float16" if dtype == "float32" else "float32"
+        model.graph.input[1].type.tensor_type.elem_type = elem_type(other)
+        r = r.astype(other)
+    for graph_input in model.graph.input:  # free shapes: the op, not ORT's shape inference, sees them
+        graph_input.type.tensor_type.ClearField("shape")
+
+    def go():
+        return make_session(model, provider).run(None, {"input": x, "skip": r})
+
+    outcome, result = attempt(go)
+    if mutations:
+        return expect_error(outcome, result)
+    if outcome != "ok":
+        raise CaseFailure(f"a valid case failed: {result}")
+    want, s = norm.reference(x, r, gamma, case["epsilon"], bias)
+    terms = np.abs(x.astype(np.float64)) + np.abs(r.astype(np.float64)) + (np.abs(bias) if bias is not None else 0)
+    inv = 1.0 / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + case["epsilon"]) if s.size else s
+    unit = {"float32": U32, "float16": 2.0**-11}[dtype]
+    tol = (4 * unit + (H + 8) * U32) * terms * inv * np.abs(gamma) + U32
+    y = np.asarray(result[0], np.float64)
+    if y.shape != want.shape:
+        raise CaseFailure(f"output has shape {y.shape}, expected {want.shape}")
+    if not np.all(np.abs(y - want) <= tol):
+        raise CaseFailure(f"output differs from the reference: max error / bound {np.max(np.abs(y - want) / tol):.3g}")
+    return "ok"
+
+
+# ---------------------------------------------------------------------------------------------------
 # Running cases
 
 def make_session(model, provider: str) -> ort.InferenceSession:
@@ -868,10 +939,10 @@ def expect_error(outcome: str, result, case: dict | None = None, provider: str =
 
 
 CASE_MAKERS = (copy_slots_case, matmul_case, gated_delta_net_case, group_query_attention_case,
-               gated_attention_case, matmul_pair_case)  # case i: op i % 6
+               gated_attention_case, matmul_pair_case, skip_norm_case)  # case i: op i % 7
 RUNNERS = {"CopySlots": run_copy_slots, "MatMulNBits": run_matmul, "GatedDeltaNet": run_gated_delta_net,
            "GroupQueryAttention": run_group_query_attention, "GatedAttention": run_gated_attention,
-           "MatMulNBitsPair": run_matmul_pair}
+           "MatMulNBitsPair": run_matmul_pair, "SkipSimplifiedLayerNormalization": run_skip_norm}
 
 
 def make_case(seed: int, index: int) -> dict:

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("op_fuzz.py")
-OPS = ("CopySlots", "MatMulNBits", "GatedDeltaNet", "GroupQueryAttention", "GatedAttention", "MatMulNBitsPair")
+OPS = ("CopySlots", "MatMulNBits", "GatedDeltaNet", "GroupQueryAttention", "GatedAttention", "MatMulNBitsPair",
+       "SkipSimplifiedLayerNormalization")
 CASES = 225 * len(OPS)  # case i runs op i % len(OPS)
 
 

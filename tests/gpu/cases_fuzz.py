@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 import op_fuzz  # noqa: E402
 
 OPS = ("CopySlots", "MatMulNBits", "GatedDeltaNet", "GroupQueryAttention", "GatedAttention",
-       "MatMulNBitsPair")  # op_fuzz.CASE_MAKERS
+       "MatMulNBitsPair", "SkipSimplifiedLayerNormalization")  # op_fuzz.CASE_MAKERS
 CASES = 225 * len(OPS)  # case i runs op i % len(OPS)
 SEEDS = (0, 1)
 OUTCOMES = tuple(f"{op} {outcome}" for op in OPS for outcome in ("ok", "error"))
