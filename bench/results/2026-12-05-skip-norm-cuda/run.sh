@@ -3,7 +3,7 @@
 # setup chunks, one call:
 #   bash bench/results/2026-12-05-skip-norm-cuda/run.sh
 # the skip-norm GPU group, the same under memcheck, bench/e2e_27b.py with and without the norm rewrite
-# (one process), the kernel profile. The library is built on the development machine (cmake
+# (one process), the kernel profile, the op fuzz (its norm cases on the CUDA kernel). The library is built on the development machine (cmake
 # -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real, Release), stripped and carried xz-compressed as
 # .devlib/libort_mtp_ops.so.xz; built here if it does not load. Results come back as $OUT/r.tgz.
 set -u
@@ -33,5 +33,8 @@ mv $R/e2e_27b.json $R/e2e_ab.json 2>/dev/null; grep -v "W:onnxruntime" $R/e2e_ab
 st kernel profile
 OUT=$R timeout 90 python3 bench/kernel_profile_27b.py --json profile.json > $R/profile.log 2>&1; echo "profile rc $?" | tee -a $R/steps.log
 grep -E "GPU kernels|^  [a-z]" $R/profile.log | cut -c1-150
+st op fuzz
+timeout 110 python3 -m pytest tests/gpu -k op_fuzz --gpu-jobs 2 -v -rA --gpu-logs $R/fuzz_logs > $R/fuzz.log 2>&1; echo "fuzz rc $?" | tee -a $R/steps.log
+sed -n '/short test summary/,$p' $R/fuzz.log | cut -c1-300 | tail -4; grep -h "^FAIL" $R/fuzz_logs/*.log | cut -c1-250 | head -8
 st done
 pack
