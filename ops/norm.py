@@ -15,7 +15,9 @@ kept as it was, and reported with the reason, when it names the outputs mean or 
 not compute them), has no epsilon attribute (ORT's default is its schema's; ours wants it written
 out), or another attribute, a hidden size above the CUDA kernel's limit (kSkipNormCudaMaxHidden), an
 element type other than float32 / float16 / bfloat16, or the library does not run the op on the
-model's execution provider (`available`; on the CPU EP ORT's kernel stays: `available` says why).
+model's execution provider (`available`; on the CPU EP ORT's kernel stays: `available` says why). The
+CUDA kernel is registered only when the library is loaded with ORT_MTP_SKIP_NORM_CUDA=1 until it has
+run on a GPU (csrc/norm/skip_norm.cc), so by default CUDA models keep ORT's node too.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class Context:
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GDN_COLS", "ORT_MTP_GQA_CUDA",
-            "ORT_MTP_GATED_ATTENTION_CUDA")  # read once per process by the library
+            "ORT_MTP_GATED_ATTENTION_CUDA", "ORT_MTP_SKIP_NORM_CUDA")  # read once per process by the library
 
 
 def kernel_env() -> dict:

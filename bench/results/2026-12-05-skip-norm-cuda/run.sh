@@ -11,7 +11,8 @@ export PYTHONUNBUFFERED=1
 R=/tmp/r/n; mkdir -p $R; T0=$(date +%s)
 st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a $R/steps.log; }
 pack() { tar -C /tmp/r -czf $OUT/r.tgz n; }
-export ORT_MTP_LIBRARY=/tmp/b/libort_mtp_ops.so ORT_MTP_CACHE_DIR=/tmp/tiles-cache
+# ORT_MTP_SKIP_NORM_CUDA=1: the CUDA kernel is registered only on request until this run has checked it.
+export ORT_MTP_LIBRARY=/tmp/b/libort_mtp_ops.so ORT_MTP_CACHE_DIR=/tmp/tiles-cache ORT_MTP_SKIP_NORM_CUDA=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv > $R/gpu.txt 2>&1
 if [ ! -f $ORT_MTP_LIBRARY ]; then
   st library
