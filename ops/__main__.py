@@ -154,6 +154,20 @@ def _print_kept(name: str, kept: list[tuple[str, str]], what: str, where: str) -
         print(f"note: {name}: kept {what}{_first_names(nodes)} {where}: {why}", file=sys.stderr)
 
 
+# The summary line of each rewrite kind whose candidates are one BlockReport: the ModelReport field, the
+# verb, what was rewritten into what, and how a kept candidate is named and where it stays.
+_BLOCK_LINES = {
+    ATTENTION: ("attention", "rewrote", "GroupQueryAttention nodes into ort_mtp GroupQueryAttention",
+                "GroupQueryAttention ", "as com.microsoft"),
+    FLOAT_MATMUL: ("float_matmul", "rewrote", "MatMul nodes into ort_mtp MatMul", "MatMul ", "on ONNX Runtime's"),
+    MLP: ("mlp", "fused", "gated MLPs (gate, up, SiLU) into one ort_mtp MatMulNBits each", "the MLP of ",
+          "as separate nodes"),
+    GATED_ATTENTION: ("gated_attention", "fused", "attention mixers (q/gate split, norms, rotary, attention, gate) "
+                      "into ort_mtp GatedAttention", "the attention mixer of ", "as separate nodes"),
+    NORM: ("norm", "rewrote", "SkipSimplifiedLayerNormalization nodes into ours", "", "as com.microsoft"),
+}
+
+
 def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
     if isinstance(report, FileReport):
         models = {report.source.name: report.model}
@@ -176,32 +190,15 @@ def _print_report(report, pack: bool = False, kinds=REWRITES) -> None:
                 what = "linear-attention block" if len(nodes) == 1 else f"{len(nodes)} linear-attention blocks"
                 print(f"warning: {name}: kept {what} {shown} on com.microsoft ops: {why}",
                       file=sys.stderr)
-        nodes = model.attention
-        if ATTENTION in kinds and (nodes.total or kinds == (ATTENTION,)):
-            print(f"{name}: rewrote {len(nodes.rewritten)} of {nodes.total} GroupQueryAttention nodes "
-                  "into ort_mtp GroupQueryAttention")
-            _print_kept(name, nodes.kept, "GroupQueryAttention ", "as com.microsoft")
-        dense = model.float_matmul
-        if FLOAT_MATMUL in kinds and (dense.rewritten or kinds == (FLOAT_MATMUL,)):
-            pairs = len(model.float_matmul_merged)
-            merged = f" ({pairs} pairs reading one input merged into two-weight nodes)" if pairs else ""
-            print(f"{name}: rewrote {len(dense.rewritten)} of {dense.total} MatMul nodes into ort_mtp MatMul{merged}")
-            _print_kept(name, dense.kept, "MatMul ", "on ONNX Runtime's")
-        mlps = model.mlp
-        if MLP in kinds and (mlps.rewritten or kinds == (MLP,)):
-            print(f"{name}: fused {len(mlps.rewritten)} of {mlps.total} gated MLPs (gate, up, SiLU) into one "
-                  "ort_mtp MatMulNBits each")
-            _print_kept(name, mlps.kept, "the MLP of ", "as separate nodes")
-        mixers = model.gated_attention
-        if GATED_ATTENTION in kinds and (mixers.rewritten or kinds == (GATED_ATTENTION,)):
-            print(f"{name}: fused {len(mixers.rewritten)} of {mixers.total} attention mixers (q/gate split, norms, "
-                  "rotary, attention, gate) into ort_mtp GatedAttention")
-            _print_kept(name, mixers.kept, "the attention mixer of ", "as separate nodes")
-        norms = model.norm
-        if NORM in kinds and (norms.rewritten or kinds == (NORM,)):
-            print(f"{name}: rewrote {len(norms.rewritten)} of {norms.total} SkipSimplifiedLayerNormalization nodes "
-                  "into ours")
-            _print_kept(name, norms.kept, "", "as com.microsoft")
+        for kind, (field, verb, what, kept_what, kept_where) in _BLOCK_LINES.items():
+            blocks = getattr(model, field)
+            # GroupQueryAttention says "rewrote 0 of N" too: a CUDA build without the kernel keeps them all.
+            shown = blocks.total if kind == ATTENTION else blocks.rewritten
+            if kind in kinds and (shown or kinds == (kind,)):
+                pairs = len(model.float_matmul_merged) if kind == FLOAT_MATMUL else 0
+                merged = f" ({pairs} pairs reading one input merged into two-weight nodes)" if pairs else ""
+                print(f"{name}: {verb} {len(blocks.rewritten)} of {blocks.total} {what}{merged}")
+                _print_kept(name, blocks.kept, kept_what, kept_where)
         if pack and (model.packed or model.not_packed):
             print(f"{name}: packed {model.packed} of {model.packed + len(model.not_packed)} into the tiles layout")
             reasons: dict[str, int] = {}
