@@ -237,8 +237,9 @@ def weight_sets(node: onnx.NodeProto) -> list[tuple[int, str, str, str]]:
 def packable(model: onnx.ModelProto, node: onnx.NodeProto, index: GraphIndex | None = None) -> str | None:
     """Why this ort_mtp MatMulNBits node cannot take the tiles layout, or None: the one statement of
     eligibility, shared by pack_model (`ops rewrite --pack`) and the driver's tiles cache
-    (ops.tiles_cache). Eligible: not packed yet, a shape and type the layout takes
-    (tiles_unsupported_reason), no g_idx, and B and scales initializers that no other node reads (their
+    (ops.tiles_cache). Eligible: not packed yet, no g_idx, and for each weight set (weight_sets: a
+    two-weight node's two, which the layout takes together or not at all) a shape and type the layout
+    takes (tiles_unsupported_reason) and B and scales initializers that no other node reads (their
     bytes are rewritten). Where the bytes are stored is the caller's concern. index: GraphIndex(model),
     to share between the nodes of one graph."""
     index = index or GraphIndex(model)

@@ -35,7 +35,6 @@ struct GemvOperands {
   int swiglu;
 };
 
-
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
