@@ -200,3 +200,21 @@ def test_cli_only_norm_on_the_cpu_says_why(tiny_folder, tmp_path, capsys):
     assert main(["rewrite", str(tiny_folder / "model.onnx"), str(tmp_path / "out.onnx"), "--only", NORM]) != 0
     err = capsys.readouterr().err
     assert "SkipSimplifiedLayerNormalization nodes can be rewritten" in err and "on the CPU EP" in err
+
+
+def test_a_folder_on_our_norms_runs_and_mtp_prints_greedy_s_tokens(tiny_folder, monkeypatch):
+    """The CUDA path's graph on the CPU EP: with the norm rewrite allowed here too, every norm of the
+    tiny preset runs on ours inside the whole forward (symbolic shapes, the residual output feeding the
+    next layer), and MTP prints greedy's tokens at k = 1..3."""
+    from driver import Generator
+
+    from driver.sessions import rewrite_graph
+
+    monkeypatch.setattr(norm, "available", lambda library, provider="cpu", dtype=None, device_id=0: None)
+    gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=1, max_length=96)
+    _, report = rewrite_graph(gen.folder.main, True, gen.device)  # what the generator's session was made from
+    assert report.norm.rewritten and not report.norm.kept
+    prompt = [5, 17, 300, 42, 7, 99]
+    greedy = gen.generate(prompt, 24, mode="greedy", stop_at_eos=False).tokens
+    for k in (1, 2, 3):
+        assert gen.generate(prompt, 24, draft_tokens=k, stop_at_eos=False).tokens == greedy
