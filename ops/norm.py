@@ -2,7 +2,8 @@
 (csrc/norm/skip_norm.h has its arithmetic), on CUDA, where the library runs it.
 
 The builder puts one before each attention or linear-attention block and one before each MLP (the
-residual add and RMSNorm: two per layer), and one before the lm_head. ORT's kernel already computes
+residual add and RMSNorm: two per layer; the first layer's first is a SimplifiedLayerNormalization,
+there being no residual yet, and stays ORT's), and one before the lm_head. ORT's kernel already computes
 each row alone; ours does too, in one fixed order, and on CUDA (sm_90) it is launched with programmatic
 dependent launch: the matmul kernels after it start copying their weights while it runs instead of
 after it ends. ORT's kernel is an ordinary launch, so each one stopped that overlap between our

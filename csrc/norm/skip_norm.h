@@ -3,7 +3,7 @@
 // transformer's blocks), computing every row from that row alone in one fixed order, so a row of an
 // M-row call is bit-identical to the 1-row call on it (both EPs), and launched on CUDA with programmatic
 // dependent launch: the matmul after it starts streaming its weights while the norm runs, where ORT's
-// own kernel (an ordinary launch) held it back to its own launch (docs/kernels.md#launch-and-pdl; on the
+// own kernel (an ordinary launch) held it back to its own end (docs/kernels.md#launch-and-pdl; on the
 // 27B-class folder two per layer, 128 per token).
 //
 // For each row (of M = the product of the input's extents but the last, H = the last):
