@@ -26,16 +26,19 @@ from driver.device import make_device  # noqa: E402
 def test_e2e_script_dry_run(tiny_folder, tmp_path):
     """bench/e2e_27b.py on the CPU EP and the tiny preset: every mode's row has the fields the device run
     reports (medians over repetitions, time to first token, weight bandwidth, phases), and MTP's streams
-    equal greedy's."""
+    equal greedy's; an `ours_no<kind>` configuration runs every rewrite but that one."""
     import os
 
     done = subprocess.run([sys.executable, str(REPO / "bench" / "e2e_27b.py"), "--provider", "cpu", "--folder",
-                           str(tiny_folder), "--configurations", "ours", "--prompts", "2", "--new-tokens", "6",
+                           str(tiny_folder), "--configurations", "ours,ours_nomlp", "--prompts", "2", "--new-tokens", "6",
                            "--repetitions", "2", "--phases", "--skip-identity"],
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, "OUT": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "e2e_27b.json").read_text())
-    ours = report["configurations"][0]
+    ours, without = report["configurations"]
+    assert without["label"] == "ours_nomlp" and "mlp" not in without["rewrite"]
+    assert ours["rewritten"]["mlp"] > 0 and without["rewritten"]["mlp"] == 0
+    assert without["rewritten"]["matmul_nbits"] == ours["rewritten"]["matmul_nbits"] > 0
     assert ours["repetitions"] == 2 and ours["weight_bytes"]["main"] > 0
     assert set(ours["modes"]) == {"greedy", "mtp_k1", "mtp_k2", "mtp_k3", "mtp_k4"}
     for name, row in ours["modes"].items():
