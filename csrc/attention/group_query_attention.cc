@@ -241,12 +241,7 @@ GroupQueryAttentionProblem PrepareGqa(Ort::KernelContext& ctx, const std::string
 }
 
 void RunGqaCpu(Ort::KernelContext& ctx, const GroupQueryAttentionProblem& p) {
-  GroupQueryAttentionCpu(
-      p,
-      [](void* c, void (*fn)(void*, size_t), size_t n, void* user) {
-        static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, n, 0, user);
-      },
-      &ctx);
+  GroupQueryAttentionCpu(p, KernelParallelFor, &ctx);
 }
 
 // The CPU classes always; the CUDA classes in a CUDA build unless ORT_MTP_GQA_CUDA=0 (then CUDA models keep

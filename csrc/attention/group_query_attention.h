@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/float_type.h"
+#include "common/parallel.h"
 
 namespace ort_mtp {
 
@@ -49,8 +50,7 @@ struct GroupQueryAttentionProblem {
 // softmax in double (max, exp, sum in ascending position), output = sum_j exp_j v_j / sum in ascending
 // position, rounded to the output type. Nothing in a row's arithmetic depends on S or on the other
 // rows. Work is spread over ORT's thread pool by (batch, head); each value is computed by one task.
-using GqaParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
-void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, GqaParallelFor parallel_for,
+void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
                             void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA

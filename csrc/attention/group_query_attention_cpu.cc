@@ -104,7 +104,7 @@ struct Kernel {
 };
 
 template <typename T>
-void Run(const GroupQueryAttentionProblem& p, GqaParallelFor parallel_for, void* context) {
+void Run(const GroupQueryAttentionProblem& p, ParallelFor parallel_for, void* context) {
   Kernel<T> kernel(p);
   cpu::ForEach<Kernel<T>, &Kernel<T>::WriteCache>(kernel, p.batch * p.kv_num_heads, parallel_for, context);
   cpu::ForEach<Kernel<T>, &Kernel<T>::Attend>(kernel, p.batch * p.num_heads, parallel_for, context);
@@ -112,7 +112,7 @@ void Run(const GroupQueryAttentionProblem& p, GqaParallelFor parallel_for, void*
 
 }  // namespace
 
-void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, GqaParallelFor parallel_for,
+void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
                             void* parallel_context) {
   switch (p.type) {
     case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;

@@ -101,12 +101,7 @@ struct FloatMatMulKernel {
 #endif
       return;
     }
-    FloatMatMulCpu(
-        p,
-        [](void* c, void (*fn)(void*, size_t), size_t tasks, void* user) {
-          static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, tasks, 0, user);
-        },
-        &ctx);
+    FloatMatMulCpu(p, KernelParallelFor, &ctx);
   }
 
   std::string where_;

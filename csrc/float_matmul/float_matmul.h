@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common/float_type.h"
+#include "common/parallel.h"
 
 namespace ort_mtp {
 
@@ -38,8 +39,7 @@ struct FloatMatMulProblem {
 // and each sum rounded to float32 (no fused multiply-add: the file is compiled with -ffp-contract=off),
 // then rounded to the output type. Work is split over ORT's thread pool by tiles of columns and rows;
 // each output is computed by one task, so neither M nor the thread count changes a result.
-using MatMulParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
-void FloatMatMulCpu(const FloatMatMulProblem& p, MatMulParallelFor parallel_for, void* parallel_context);
+void FloatMatMulCpu(const FloatMatMulProblem& p, ParallelFor parallel_for, void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
 // CUDA kernel (float_matmul_cuda.cu): one block per 8 output columns and pass of rows; thread t of the

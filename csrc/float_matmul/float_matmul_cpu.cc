@@ -97,7 +97,7 @@ struct Tiles {
 };
 
 template <typename T>
-void Run(const FloatMatMulProblem& p, MatMulParallelFor parallel_for, void* context) {
+void Run(const FloatMatMulProblem& p, ParallelFor parallel_for, void* context) {
   Tiles<T> tiles{p, (p.n + kTileCols - 1) / kTileCols, {}};
   if constexpr (!std::is_same_v<T, float>) {
     const T* a = static_cast<const T*>(p.a);
@@ -110,7 +110,7 @@ void Run(const FloatMatMulProblem& p, MatMulParallelFor parallel_for, void* cont
 
 }  // namespace
 
-void FloatMatMulCpu(const FloatMatMulProblem& p, MatMulParallelFor parallel_for, void* parallel_context) {
+void FloatMatMulCpu(const FloatMatMulProblem& p, ParallelFor parallel_for, void* parallel_context) {
   FloatMatMulProblem first = p;
   first.n2 = 0;
   switch (p.type) {

@@ -237,12 +237,7 @@ struct GatedDeltaNetKernel {
 #endif
       return;
     }
-    GatedDeltaNetCpu(
-        p,
-        [](void* c, void (*fn)(void*, size_t), size_t n, void* user) {
-          static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, n, 0, user);
-        },
-        &ctx);
+    GatedDeltaNetCpu(p, KernelParallelFor, &ctx);
   }
 
   // The past slot a call starts from: W - 1, the only one read (the whole tensor when unwindowed).

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "common/float_type.h"
+#include "common/parallel.h"
 
 namespace ort_mtp {
 
@@ -65,8 +66,7 @@ struct GatedDeltaNetProblem {
 // (batch, v head) for the recurrence; every value is computed by one task in one order, so the split
 // does not change results. `parallel_for(context, fn, n, user)` runs fn(user, i) for i < n (nullptr:
 // serially). Reads all of its past slot before writing its present slots, so present may alias past.
-using GdnParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
-void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* parallel_context);
+void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
 // The CUDA kernel (gated_delta_net_cuda.cu): one block per (batch, v head, group of state columns) over

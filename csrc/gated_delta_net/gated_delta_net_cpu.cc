@@ -303,7 +303,7 @@ class Kernel {
 };
 
 template <typename T>
-void Run(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* context) {
+void Run(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* context) {
   Kernel<T> kernel(p);
   cpu::ForEach<Kernel<T>, &Kernel<T>::TokenFeatures>(kernel, p.batch * p.seq * kernel.FeatureParts(), parallel_for,
                                                       context);
@@ -314,7 +314,7 @@ void Run(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* conte
 
 }  // namespace
 
-void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, GdnParallelFor parallel_for, void* parallel_context) {
+void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* parallel_context) {
   switch (p.type) {
     case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
     case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;

@@ -360,13 +360,10 @@ struct MatMulNBitsKernel {
 #endif
       return;
     }
-    const ParallelFor parallel_for = [](void* c, void (*fn)(void*, size_t), size_t n, void* user) {
-      static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, n, 0, user);
-    };
     if (two_)
-      MatMulNBitsCpuPair(p, p2, attrs_.swiglu ? PairEpilogue::kSwiGlu : PairEpilogue::kNone, parallel_for, &ctx);
+      MatMulNBitsCpuPair(p, p2, attrs_.swiglu ? PairEpilogue::kSwiGlu : PairEpilogue::kNone, KernelParallelFor, &ctx);
     else
-      MatMulNBitsCpu(p, parallel_for, &ctx);
+      MatMulNBitsCpu(p, KernelParallelFor, &ctx);
   }
 
   std::string where_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/float_type.h"
+#include "common/parallel.h"
 
 namespace ort_mtp {
 
@@ -127,7 +128,6 @@ inline size_t GroupedZeroPointBytes(const MatMulNBitsProblem& p) {
 // ascending k, plus bias, rounded once to the output type. Rows are independent of each other, so
 // row i of an M-row call equals the M=1 call on row i. `parallel_for(fn, user, n_tasks)` spreads the
 // N dimension over ORT's intra-op thread pool (nullptr: run serially).
-using ParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
 void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
 void MatMulNBitsCpuReference(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context);
 // Two weight sets on one A (the op's N2 form): p1 and p2 differ only in N, their weights, bias and y.

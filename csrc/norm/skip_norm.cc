@@ -92,12 +92,7 @@ struct SkipNormKernel {
 #endif
       return;
     }
-    SkipNormCpu(
-        p,
-        [](void* c, void (*fn)(void*, size_t), size_t tasks, void* user) {
-          static_cast<Ort::KernelContext*>(c)->ParallelFor(fn, tasks, 0, user);
-        },
-        &ctx);
+    SkipNormCpu(p, KernelParallelFor, &ctx);
   }
 
   std::string where_;

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "common/float_type.h"
+#include "common/parallel.h"
 
 namespace ort_mtp {
 
@@ -35,8 +36,7 @@ struct SkipNormProblem {
 
 // CPU kernel: rows spread over ORT's thread pool; each row's sum of squares in ascending j, float32,
 // without fused multiply-add (the file is compiled with -ffp-contract=off).
-using SkipNormParallelFor = void (*)(void* context, void (*fn)(void*, size_t), size_t n_tasks, void* user);
-void SkipNormCpu(const SkipNormProblem& p, SkipNormParallelFor parallel_for, void* parallel_context);
+void SkipNormCpu(const SkipNormProblem& p, ParallelFor parallel_for, void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
 // The largest H the CUDA kernel takes: a row's sums live in 48 KB of shared memory as float32.

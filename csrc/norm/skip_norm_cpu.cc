@@ -42,7 +42,7 @@ struct Rows {
 };
 
 template <typename T>
-void Run(const SkipNormProblem& p, SkipNormParallelFor parallel_for, void* context) {
+void Run(const SkipNormProblem& p, ParallelFor parallel_for, void* context) {
   // About 64 Ki elements per task: a decode step's few rows stay on one thread.
   Rows<T> rows{p, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, p.hidden))};
   cpu::ForEach<Rows<T>, &Rows<T>::Run>(rows, (p.rows + rows.per_task - 1) / rows.per_task, parallel_for, context);
@@ -50,7 +50,7 @@ void Run(const SkipNormProblem& p, SkipNormParallelFor parallel_for, void* conte
 
 }  // namespace
 
-void SkipNormCpu(const SkipNormProblem& p, SkipNormParallelFor parallel_for, void* parallel_context) {
+void SkipNormCpu(const SkipNormProblem& p, ParallelFor parallel_for, void* parallel_context) {
   switch (p.type) {
     case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
     case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
