@@ -50,6 +50,11 @@ class NBitsWeights:
         return self.zero_points is not None and self.zero_points.dtype != np.uint8
 
 
+UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+"""Half the spacing of each float type at 1: one rounding to the type moves a value by at most this much
+relative to it (the checks' tolerances are multiples of it)."""
+
+
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
     """float32 copy of x rounded (to nearest even) to the values of `dtype`."""
     x = np.asarray(x, dtype=np.float32)

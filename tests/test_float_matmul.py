@@ -20,11 +20,12 @@ import pytest
 import ops
 import ops.float_matmul as fm
 from ops.float_matmul import MAX_N
+from ops.nbits import UNIT_ROUNDOFF
 from ops.rewrite import FLOAT_MATMUL, float_matmul_check, rewrite_model_report
 
 NODE = "/model/layers.1/linear_attn/b_proj/MatMul"
 LABEL = f"MatMul node '{NODE}'"
-U = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+U = UNIT_ROUNDOFF
 
 
 def _representable(x: np.ndarray, dtype: str) -> np.ndarray:

@@ -23,10 +23,10 @@ import pytest
 
 import ops.gated_delta_net as gdn
 from ops.gated_delta_net import OUTPUTS, GdnConfig
+from ops.nbits import UNIT_ROUNDOFF
 
 NODE = "/model/layers.0/linear_attn/GatedDeltaNet"
 LABEL = f"GatedDeltaNet node '{NODE}'"
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
 def _session(cpu_session, model, threads: int = 0):

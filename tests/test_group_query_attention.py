@@ -22,10 +22,11 @@ import pytest
 
 import ops.group_query_attention as gqa
 from ops.group_query_attention import OUTPUTS, GqaConfig
+from ops.nbits import UNIT_ROUNDOFF
 
 NODE = "/model/layers.3/attn/GroupQueryAttention"
 LABEL = f"GroupQueryAttention node '{NODE}'"
-U = {"float32": 2.0**-24, "float16": 2.0**-11}
+U = UNIT_ROUNDOFF
 
 
 class Op:

@@ -19,12 +19,12 @@ import pytest
 
 import ops
 import ops.norm as norm
-from ops.nbits import round_to
+from ops.nbits import UNIT_ROUNDOFF, round_to
 from ops.rewrite import NORM, norm_check, rewrite_model_report
 
 NODE = "/model/layers.1/input_layernorm"
 LABEL = f"SkipSimplifiedLayerNormalization node '{NODE}'"
-U = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+U = UNIT_ROUNDOFF
 EPS = 1e-6
 
 

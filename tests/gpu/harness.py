@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # ops and driver from the checkout
 
 from driver.device import CpuDevice, bind  # noqa: E402
+from ops.nbits import UNIT_ROUNDOFF  # noqa: E402,F401  (the checks' tolerances are multiples of it)
 
 STORAGE = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}  # how floats are held
 BF16_NAN = np.uint16(0x7FC0)
@@ -138,9 +139,6 @@ class Context:
     def on_gpu(self) -> bool:
         return self.device.name == "cuda"
 
-
-# The unit roundoff of each element type the kernels take: the checks' tolerances are multiples of it.
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 ENV_KEYS = ("ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL", "ORT_MTP_GDN_COLS", "ORT_MTP_GQA_CUDA",
             "ORT_MTP_GATED_ATTENTION_CUDA", "ORT_MTP_SKIP_NORM_CUDA")  # read once per process by the library
