@@ -154,8 +154,7 @@ def available(library: str, provider: str = "cpu", dtype: ir.DataType = ir.DataT
     """None when `library` runs ort_mtp::SkipSimplifiedLayerNormalization on `provider` for `dtype` and the
     rewrite is worth it there, else why not (one line; a one-node session, cached per library file).
     On the CPU EP ORT's kernel stays: ours computes the same rows there but is plain scalar code, and its
-    point, the launch, is CUDA's (on the trained default model, 2 cores, greedy ran within 2% either way,
-    ours the slower)."""
+    point, the launch, is CUDA's."""
     if provider == "cpu":
         return "on the CPU EP ONNX Runtime's kernel is kept (ours is for CUDA's programmatic dependent launch)"
     return probe.by_type(OP, library, provider, dtype, _TYPES, _probe_model, device_id)
