@@ -218,3 +218,17 @@ def test_a_folder_on_our_norms_runs_and_mtp_prints_greedy_s_tokens(tiny_folder, 
     greedy = gen.generate(prompt, 24, mode="greedy", stop_at_eos=False).tokens
     for k in (1, 2, 3):
         assert gen.generate(prompt, 24, draft_tokens=k, stop_at_eos=False).tokens == greedy
+
+
+@pytest.mark.parametrize("which", ["builder_folder", "builder_windowed_folder"])
+def test_onnxruntime_genai_s_builder_norms_take_ours(which, request):
+    """The exact graph users bring (onnxruntime-genai's builder, CPU and CUDA exports): every
+    SkipSimplifiedLayerNormalization fits the rewrite (as on CUDA), none kept."""
+    import onnx
+
+    folder = request.getfixturevalue(which)
+    model = onnx.load(folder / "model.onnx", load_external_data=False)
+    before = [n.name for n in model.graph.node if n.op_type == "SkipSimplifiedLayerNormalization"]
+    assert before
+    report = rewrite_model_report(model, rewrites=(NORM,), base_dir=folder)
+    assert sorted(report.norm.rewritten) == sorted(before) and not report.norm.kept
