@@ -35,28 +35,12 @@ step() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$OUT/steps.log"; }
 # cap SECONDS: the step's time limit, cut to what is left before DEADLINE (at least 10 s).
 cap() { local left=$(( DEADLINE - ($(date +%s) - T0) )); (( left < $1 )) && echo $(( left > 10 ? left : 10 )) || echo "$1"; }
 
-export ORT_MTP_LIBRARY="$BUILD/libort_mtp_ops.so"
-# A library built on the development machine and carried (PREBUILT, an xz-compressed .so: the build there
-# takes ~290 s of device time, ~80 s here) is used when it loads; otherwise the build runs. Make it with
-#   cmake -S . -B /tmp/bgpu -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real && ninja -C /tmp/bgpu
-#   mkdir -p .devlib && strip --strip-unneeded -o .devlib/l.so /tmp/bgpu/libort_mtp_ops.so \
-#     && xz -c .devlib/l.so > .devlib/libort_mtp_ops.so.xz && rm .devlib/l.so   # .devlib/ in .git/info/exclude
-# and name .devlib in the run's carry (2 MB).
-PREBUILT=${PREBUILT:-.devlib/libort_mtp_ops.so.xz}
-prebuilt_loads() {
-  [ -f "$PREBUILT" ] && mkdir -p "$BUILD" && xz -dc "$PREBUILT" > "$ORT_MTP_LIBRARY" \
-    && python3 -c "import onnxruntime as o; o.SessionOptions().register_custom_ops_library('$ORT_MTP_LIBRARY')"
-}
-if prebuilt_loads > "$OUT/build.log" 2>&1; then
-  step "using the carried library $PREBUILT (no build)"
-else
-  step "build"
-  if ! { cmake -S . -B "$BUILD" -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
-         && timeout "$(cap 240)" ninja -C "$BUILD"; } >> "$OUT/build.log" 2>&1; then
-    tail -40 "$OUT/build.log"
-    step "build FAILED"
-    exit 1
-  fi
+source bench/device_library.sh  # device_library: the carried library (PREBUILT) when it loads, else a build
+step "library"
+if ! BUILD_TIMEOUT=$(cap 240) device_library "$BUILD" "$OUT/build.log"; then
+  tail -40 "$OUT/build.log"
+  step "build FAILED"
+  exit 1
 fi
 
 step "sass_lint (uniform registers read but never written: the error-715 pattern, docs/kernels.md#launch-and-pdl; local memory)"

@@ -3,25 +3,19 @@
 # setup chunks, one call:
 #   bash bench/results/2026-12-05-skip-norm-cuda/run.sh
 # the skip-norm GPU group, the same under memcheck, bench/e2e_27b.py with and without the norm rewrite
-# (one process), the kernel profile, the op fuzz (its norm cases on the CUDA kernel). The library is built on the development machine (cmake
-# -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real, Release), stripped and carried xz-compressed as
-# .devlib/libort_mtp_ops.so.xz; built here if it does not load. Results come back as $OUT/r.tgz.
+# (one process), the kernel profile, the op fuzz (its norm cases on the CUDA kernel). The library: the one
+# carried in .devlib when it loads, else built here (bench/device_library.sh). Results come back as $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1
 R=/tmp/r/n; mkdir -p $R; T0=$(date +%s)
 st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a $R/steps.log; }
 pack() { tar -C /tmp/r -czf $OUT/r.tgz n; }
 # ORT_MTP_SKIP_NORM_CUDA=1: the CUDA kernel is registered only on request until this run has checked it.
-export ORT_MTP_LIBRARY=/tmp/b/libort_mtp_ops.so ORT_MTP_CACHE_DIR=/tmp/tiles-cache ORT_MTP_SKIP_NORM_CUDA=1
+export ORT_MTP_CACHE_DIR=/tmp/tiles-cache ORT_MTP_SKIP_NORM_CUDA=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv > $R/gpu.txt 2>&1
-if [ ! -f $ORT_MTP_LIBRARY ]; then
-  st library
-  mkdir -p /tmp/b && xz -dc .devlib/libort_mtp_ops.so.xz > $ORT_MTP_LIBRARY
-  if ! python3 -c "import onnxruntime as o; o.SessionOptions().register_custom_ops_library('$ORT_MTP_LIBRARY'); print('carried library loads')"; then
-    st build
-    ( cmake -S . -B /tmp/b -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real && timeout 400 ninja -C /tmp/b -j16 ) > $R/build.log 2>&1 || { tail -40 $R/build.log; pack; exit 1; }
-  fi
-fi
+source bench/device_library.sh
+st library
+device_library /tmp/b $R/build.log || { tail -40 $R/build.log; pack; exit 1; }
 st skip-norm group
 timeout 100 python3 -m pytest tests/gpu -k "skip-norm" -v -rA --gpu-logs $R/group_logs > $R/group.log 2>&1; echo "group rc $?" | tee -a $R/steps.log
 grep -hE "^(ok|FAIL)" $R/group_logs/*.log | cut -c1-250

@@ -1,0 +1,23 @@
+# Sourced by the device scripts (bench/device_run.sh, bench/results/*/run.sh): device_library BUILD LOG
+# exports ORT_MTP_LIBRARY=BUILD/libort_mtp_ops.so and puts the library there: a library built on the
+# development machine and carried (PREBUILT, default .devlib/libort_mtp_ops.so.xz: the build on the
+# device takes ~290 s of device time, ~80 s on the development machine) when it loads, else a build
+# (cmake, CUDA for sm_90, BUILD_TIMEOUT seconds, default 400). Output goes to LOG; the status is the
+# build's. Make the carried library with
+#   cmake -S . -B /tmp/bgpu -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real && ninja -C /tmp/bgpu
+#   mkdir -p .devlib && strip --strip-unneeded -o .devlib/l.so /tmp/bgpu/libort_mtp_ops.so \
+#     && xz -c .devlib/l.so > .devlib/libort_mtp_ops.so.xz && rm .devlib/l.so   # .devlib/ in .git/info/exclude
+# and name .devlib in the run's carry (2 MB).
+device_library() {
+  local build=$1 log=$2 prebuilt=${PREBUILT:-.devlib/libort_mtp_ops.so.xz}
+  export ORT_MTP_LIBRARY="$build/libort_mtp_ops.so"
+  if [ -f "$prebuilt" ] && mkdir -p "$build" && xz -dc "$prebuilt" > "$ORT_MTP_LIBRARY" \
+      && python3 -c "import onnxruntime as o; o.SessionOptions().register_custom_ops_library('$ORT_MTP_LIBRARY')" \
+      > "$log" 2>&1; then
+    echo "using the carried library $prebuilt (no build)"
+    return 0
+  fi
+  echo "building the library in $build"
+  { cmake -S . -B "$build" -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
+      && timeout "${BUILD_TIMEOUT:-400}" ninja -C "$build"; } >> "$log" 2>&1
+}
