@@ -347,8 +347,7 @@ struct GatedAttentionOp : Ort::CustomOpBase<GatedAttentionOp<kType, kCuda>, Gate
 // bit-identical to width-1 calls) under memcheck, and the 27B-class folder's MTP streams equal greedy's with
 // it (bench/results/2026-12-05-gated-attention-cuda).
 void AddGatedAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  const char* choice = std::getenv("ORT_MTP_GATED_ATTENTION_CUDA");
-  AddFloatTypedOps<GatedAttentionOp>(domain, with_cuda && !(choice != nullptr && std::string(choice) == "0"));
+  AddFloatTypedOps<GatedAttentionOp>(domain, with_cuda && CudaKernelSwitch("ORT_MTP_GATED_ATTENTION_CUDA", true));
 }
 
 }  // namespace ort_mtp

@@ -250,8 +250,7 @@ void RunGqaCpu(Ort::KernelContext& ctx, const GroupQueryAttentionProblem& p) {
 // the 27B-class folder's MTP stream equals greedy's where ORT's node does not (bench/results/
 // 2026-12-03-float-matmul); the speeds against ORT's node are in bench/group_query_attention.py's results.
 void AddGroupQueryAttentionOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  const char* choice = std::getenv("ORT_MTP_GQA_CUDA");
-  AddFloatTypedOps<GroupQueryAttentionOp>(domain, with_cuda && !(choice != nullptr && std::string(choice) == "0"));
+  AddFloatTypedOps<GroupQueryAttentionOp>(domain, with_cuda && CudaKernelSwitch("ORT_MTP_GQA_CUDA", true));
 }
 
 }  // namespace ort_mtp

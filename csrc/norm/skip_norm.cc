@@ -6,7 +6,6 @@
 // input makes a kernel read or write out of bounds; each failure is an ORT error naming the node.
 #include "norm/skip_norm.h"
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -128,8 +127,7 @@ struct SkipNormOp : Ort::CustomOpBase<SkipNormOp<kType, kCuda>, SkipNormKernel<k
 // (bench/results/2026-12-05-skip-norm-cuda/run.sh, not run yet: no device was lent). Without them CUDA
 // models keep ORT's node (the rewrite asks the library which kernels it has, ops/norm.py).
 void AddSkipNormOps(Ort::CustomOpDomain& domain, bool with_cuda) {
-  const char* choice = std::getenv("ORT_MTP_SKIP_NORM_CUDA");
-  AddFloatTypedOps<SkipNormOp>(domain, with_cuda && choice != nullptr && std::string(choice) == "1");
+  AddFloatTypedOps<SkipNormOp>(domain, with_cuda && CudaKernelSwitch("ORT_MTP_SKIP_NORM_CUDA", false));
 }
 
 }  // namespace ort_mtp
