@@ -3,6 +3,8 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "common/ort.h"
 
@@ -25,6 +27,24 @@ inline Ort::BFloat16_t Round<Ort::BFloat16_t>(double v) { return Ort::BFloat16_t
 
 template <typename T>
 double Rounded(double v) { return ToDouble(Round<T>(v)); }
+
+// The same in float32, for the fast kernels: ToFloat widens exactly, FromFloat<T> rounds to T.
+inline float ToFloat(float v) { return v; }
+inline float ToFloat(Ort::Float16_t v) { return v.ToFloat(); }
+inline float ToFloat(Ort::BFloat16_t v) { return v.ToFloat(); }
+template <typename T>
+T FromFloat(float v) { return T(v); }
+
+// ORT_MTP_CPU_KERNEL=reference (read once per process) runs the double reference kernels, the tests'
+// oracles, where an op has a fast CPU kernel beside one (MatMulNBits reads the variable's other values
+// itself: matmul_nbits_cpu.cc).
+inline bool ReferenceKernelsRequested() {
+  static const bool requested = [] {
+    const char* v = std::getenv("ORT_MTP_CPU_KERNEL");
+    return v != nullptr && std::string(v) == "reference";
+  }();
+  return requested;
+}
 
 // Runs member `fn` of `kernel` for i < n, through parallel_for(context, task, n, user) when there is one
 // (the ops pass Ort::KernelContext::ParallelFor); serially otherwise. Each task must write only its own

@@ -60,13 +60,18 @@ struct GatedDeltaNetProblem {
   void* present_recurrent = nullptr;  // [slots, B, Hv, dk, dv]
 };
 
-// CPU reference: double arithmetic in a fixed order, each value the subgraph materialises rounded to
-// float32 and then to its tensor's type, the recurrent state rounded to its type after every token.
-// Work is spread over ORT's intra-op thread pool by (batch, token) for the conv and gates and by
-// (batch, v head) for the recurrence; every value is computed by one task in one order, so the split
-// does not change results. `parallel_for(context, fn, n, user)` runs fn(user, i) for i < n (nullptr:
-// serially). Reads all of its past slot before writing its present slots, so present may alias past.
+// The CPU kernels. Both compute token by token, every value in an order fixed by the problem's
+// dimensions alone and by one task, each value the subgraph materialises rounded to its tensor's type and
+// the recurrent state rounded to its type after every token: a width-S call is bit-identical to S
+// width-1 calls at any thread count. Both read all of their past slot before writing their present
+// slots, so present may alias past. `parallel_for(context, fn, n, user)` runs fn(user, i) for i < n
+// (nullptr: serially).
+// GatedDeltaNetCpu: float32 arithmetic, vectorised (gated_delta_net_cpu_fast.cc); the reference instead
+// when ORT_MTP_CPU_KERNEL=reference.
 void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* parallel_context);
+// GatedDeltaNetCpuReference: double arithmetic, every value rounded first to float32 and then to its
+// tensor's type (gated_delta_net_cpu.cc): the tests' oracle for the float32 kernel.
+void GatedDeltaNetCpuReference(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
 // The CUDA kernel (gated_delta_net_cuda.cu): one block per (batch, v head, group of state columns) over

@@ -1,12 +1,14 @@
-// CPU reference kernel of GatedDeltaNet. Written for exactness and row independence, not speed: every
-// value is computed in double, token by token, in an order fixed by the problem's dimensions alone,
-// and rounded (to float32, then to its tensor's type) exactly where the com.microsoft subgraph
-// materialises a tensor. The recurrent state is rounded to its stored type after every token, as a
-// width-1 call stores it, so a call of width S is bit-identical to S calls of width 1.
+// CPU reference kernel of GatedDeltaNet (ORT_MTP_CPU_KERNEL=reference; by default the float32 kernel of
+// gated_delta_net_cpu_fast.cc runs, which the tests hold to this one). Written for exactness and row
+// independence, not speed: every value is computed in double, token by token, in an order fixed by the
+// problem's dimensions alone, and rounded (to float32, then to its tensor's type) exactly where the
+// com.microsoft subgraph materialises a tensor. The recurrent state is rounded to its stored type after
+// every token, as a width-1 call stores it, so a call of width S is bit-identical to S calls of width 1.
 //
 // Three passes: (1) per (batch, token, head): causal conv + SiLU of every channel, l2 norm of q and k per
 // head, q scale, and the gates, into a float scratch (the values are T's, exactly); (2) per batch: the
-// present conv state slots; (3) per (batch, v head): the gated delta recurrence and GatedRMSNorm.
+// present conv state slots (gated_delta_net_cpu_common.h); (3) per (batch, v head): the gated delta
+// recurrence and GatedRMSNorm.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -14,10 +16,7 @@
 
 #include "common/cpu_numeric.h"
 #include "gated_delta_net/gated_delta_net.h"
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include "gated_delta_net/gated_delta_net_cpu_common.h"
 
 namespace ort_mtp {
 namespace {
@@ -25,35 +24,6 @@ namespace {
 using cpu::Round;
 using cpu::Rounded;
 using cpu::ToDouble;
-
-// Element i of a small parameter vector whose type is known only at run time (dt_bias, neg_exp_A).
-double LoadAny(const void* p, FloatType type, int64_t i) {
-  switch (type) {
-    case FloatType::kFloat32: return static_cast<const float*>(p)[i];
-    case FloatType::kFloat16: return ToDouble(static_cast<const Ort::Float16_t*>(p)[i]);
-    case FloatType::kBFloat16: return ToDouble(static_cast<const Ort::BFloat16_t*>(p)[i]);
-  }
-  return 0.0;
-}
-
-// Zeros over `bytes` at p with non-temporal stores where the CPU has them (SSE2: every x86-64): a window's
-// slots before a call's first token are zeroed on every call, a slot of a layer's state at a time, and
-// nothing reads them back soon, so they need not pass through the cache (nor be read into it first).
-void ZeroSlot(void* p, size_t bytes) {
-#if defined(__x86_64__)
-  auto* c = static_cast<char*>(p);
-  const size_t lead = std::min(bytes, static_cast<size_t>((16 - reinterpret_cast<uintptr_t>(c) % 16) % 16));
-  std::memset(c, 0, lead);
-  c += lead;
-  bytes -= lead;
-  const __m128i zero = _mm_setzero_si128();
-  for (; bytes >= 16; bytes -= 16, c += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(c), zero);
-  std::memset(c, 0, bytes);
-  _mm_sfence();  // the streamed stores are ordered before whatever reads the slots next
-#else
-  std::memset(p, 0, bytes);
-#endif
-}
 
 double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 double Silu(double x) { return x * Sigmoid(x); }
@@ -204,33 +174,10 @@ class Kernel {
     const T* bgate = static_cast<const T*>(p_.b);
     for (int64_t h = 0; h < p_.num_v_heads; ++h) {
       const int64_t i = row * p_.num_v_heads + h;
-      const double dt = LoadAny(p_.dt_bias, p_.dt_bias_type, h);
-      const double neg_exp_a = LoadAny(p_.neg_exp_a, p_.neg_exp_a_type, h);
+      const double dt = gdn_cpu::LoadAny(p_.dt_bias, p_.dt_bias_type, h);
+      const double neg_exp_a = gdn_cpu::LoadAny(p_.neg_exp_a, p_.neg_exp_a_type, h);
       f_.g[i] = static_cast<float>(Rounded<T>(neg_exp_a * Softplus(ToDouble(a[i]) + dt)));
       f_.beta[i] = static_cast<float>(Rounded<T>(Sigmoid(ToDouble(bgate[i]))));
-    }
-  }
-
-  // Pass 2 for batch b: conv state slot j holds the last K - 1 inputs up to token S - slots + j.
-  // Reads its past first, so that present may alias past.
-  void ConvStates(int64_t b) const {
-    const int64_t C = p_.conv_dim(), L = p_.conv_state_len(), B = p_.batch;
-    const T* past = static_cast<const T*>(p_.past_conv) + b * C * L;
-    const std::vector<T> past_copy(past, past + C * L);
-    const T* qkv = static_cast<const T*>(p_.qkv) + b * p_.seq * C;
-    for (int64_t slot = 0; slot < p_.slots; ++slot) {
-      T* out = static_cast<T*>(p_.present_conv) + (slot * B + b) * C * L;
-      const int64_t t = p_.seq - p_.slots + slot;  // the last token this slot has seen
-      if (t < 0) {
-        ZeroSlot(out, sizeof(T) * C * L);  // before this call's first token
-        continue;
-      }
-      for (int64_t c = 0; c < C; ++c) {
-        for (int64_t s = 0; s < L; ++s) {
-          const int64_t pos = t - (L - 1) + s;  // token held at state position s
-          out[c * L + s] = pos >= 0 ? qkv[pos * C + c] : past_copy[c * L + (L + pos)];
-        }
-      }
     }
   }
 
@@ -259,7 +206,7 @@ class Kernel {
       return static_cast<S*>(p_.present_recurrent) + (slot * p_.batch * p_.num_v_heads + task) * block;
     };
     for (int64_t slot = 0; slot < p_.slots - p_.seq; ++slot)  // before this call's first token
-      ZeroSlot(slot_out(slot), sizeof(S) * block);
+      gdn_cpu::ZeroSlot(slot_out(slot), sizeof(S) * block);
 
     for (int64_t t = 0; t < p_.seq; ++t) {
       const int64_t row = b * p_.seq + t;
@@ -308,13 +255,13 @@ void Run(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* context)
   cpu::ForEach<Kernel<T>, &Kernel<T>::TokenFeatures>(kernel, p.batch * p.seq * kernel.FeatureParts(), parallel_for,
                                                       context);
   // Only once pass 1 has read every past conv state: present_conv may alias it.
-  for (int64_t b = 0; b < p.batch; ++b) kernel.ConvStates(b);
+  for (int64_t b = 0; b < p.batch; ++b) gdn_cpu::ConvStates<T>(p, b);
   cpu::ForEach<Kernel<T>, &Kernel<T>::Recurrence>(kernel, p.batch * p.num_v_heads, parallel_for, context);
 }
 
 }  // namespace
 
-void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* parallel_context) {
+void GatedDeltaNetCpuReference(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* parallel_context) {
   switch (p.type) {
     case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
     case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;

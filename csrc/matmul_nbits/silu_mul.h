@@ -42,8 +42,10 @@ ORT_MTP_SILU_HD inline float TwoPow(float n) {  // 2^n for an integral n in [-12
 #endif
 }
 
-ORT_MTP_SILU_HD inline float SiluMul(float g, float u) {
-  float x = -g;
+// e^x by the sequence above, x first clamped to [-87, 88] (a NaN x gives e^-87): about 1 ulp from
+// expf inside that range. Also the CPU GatedDeltaNet's exp (its SiLU, gates and decay), for the same
+// reason: one vectorisable sequence instead of a scalar library call per element.
+ORT_MTP_SILU_HD inline float Exp(float x) {
   x = x > kExpLo ? x : kExpLo;  // as _mm256_max_ps(x, lo): lo when x is NaN
   x = x < kExpHi ? x : kExpHi;
   const float n = fmaf(x, kLog2e, kRound) - kRound;
@@ -54,9 +56,10 @@ ORT_MTP_SILU_HD inline float SiluMul(float g, float u) {
   q = fmaf(q, r, kExpC3);
   q = fmaf(q, r, kExpC4);
   q = fmaf(q, r, kExpC5);
-  const float e = (fmaf(q, r * r, r) + 1.0f) * TwoPow(n);
-  return g / (1.0f + e) * u;
+  return (fmaf(q, r * r, r) + 1.0f) * TwoPow(n);
 }
+
+ORT_MTP_SILU_HD inline float SiluMul(float g, float u) { return g / (1.0f + Exp(-g)) * u; }
 
 }  // namespace silu
 }  // namespace ort_mtp
