@@ -11,12 +11,13 @@ Two steps, because the device machine has no torch / transformers / onnxruntime-
 `run` builds the models package's tiny and small presets (int4, CUDA, state_window 4, and tiny
 without a window) into a temporary folder, then for every folder:
   - greedy with CUDA graphs off and on (the replayed graphs must give the eager tokens),
-  - MTP k = 1, 2, 3 (commit auto: slot promotion on windowed folders) and k = 3 with commit=replay
+  - MTP k = 1, 2, 3 (commit auto: slot promotion, the window exported or added in memory) and k = 3 with commit=replay
     (the snapshot path forced), each compared token for token with greedy,
   - tok/s of greedy and MTP (second, warm pass; median over prompts),
   - CUDA graph runs per graph id, and ORT's own capture/replay log lines from a CLI run,
   - the per-op row identity of a width-4 verify against width-1 decode steps (python -m driver identity).
-`run --provider cpu` is a dry run of the same logic on the CPU EP (CPU folders, no window).
+`run --provider cpu` is a dry run of the same logic on the CPU EP (CPU folders exported without a
+window: the driver's MTP sessions add one in memory, ops.state_window, except with commit=replay).
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ project's `python -m models build`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -87,6 +88,13 @@ class GraphSpec:
         nothing in a forward depends on host-side shapes (needed for CUDA-graph replay)."""
         values = {"batch": 1, "total": max_len, "past": max_len, "head_dim": self.head_size}
         return {symbol: values[role] for symbol, role in self.symbols.items()}
+
+
+def with_state_window(spec: GraphSpec, window: int) -> GraphSpec:
+    """`spec` as its graph reads after ops.state_window.add_state_window(window): every conv and
+    recurrent state with a leading axis of `window` slots (the proto stays the folder's)."""
+    states = tuple(dataclasses.replace(s, shape=(window, *s.shape)) for s in spec.recurrent)
+    return dataclasses.replace(spec, recurrent=states, state_window=window)
 
 
 @dataclass(frozen=True)

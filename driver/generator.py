@@ -34,7 +34,7 @@ import numpy as np
 from .copy_slots import SlotPromoter
 from .device import make_device
 from .errors import DriverError
-from .folder import ModelFolder, read_folder
+from .folder import ModelFolder, read_folder, with_state_window
 from .runner import GraphRunner
 from .sampling import Sampler, accept_or_resample, check_sampling
 from .sessions import create_session, packed_nodes, rewrites
@@ -99,9 +99,11 @@ class Generator:
         max_width = max(self.prefill_chunk, MAX_DRAFT_TOKENS + 1)
         widths = range(1, MAX_DRAFT_TOKENS + 2)
         capture = self.device.graph_capture
-        session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture, pack)
+        session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture, pack,
+                                                 state_window=self._state_window_wanted(mode, rewrite))
         self.packed = packed_nodes(session)
-        self.main = GraphRunner(folder.main, session, self.device, self.max_length, max_width,
+        main_spec = with_state_window(folder.main, session.state_window) if session.state_window else folder.main
+        self.main = GraphRunner(main_spec, session, self.device, self.max_length, max_width,
                                 folder.vocab_size, folder.hidden_size, capture_widths=widths)
         self.head = None
         self.promoter = None
@@ -113,8 +115,18 @@ class Generator:
             self.packed += packed_nodes(session)
             self.head = GraphRunner(spec, session, self.device, self.max_length, max_width,
                                     folder.vocab_size, folder.hidden_size, capture_widths=widths)
-            if folder.main.state_window:
+            if self.main.spec.state_window:
                 self.promoter = SlotPromoter(self.main)
+
+    def _state_window_wanted(self, mode: str, rewrite) -> int:
+        """The state window to add in memory (ops.state_window) to a folder exported without one: k+1
+        slots for MTP with k drafts, so that a partial accept copies a slot (promote) instead of
+        re-running its tokens (replay); 0 for greedy (a window only adds slots to write), with
+        --commit replay, and for a folder that has a window or no linear-attention state."""
+        spec = self.folder.main
+        if mode != "mtp" or self.commit_policy == "replay" or spec.state_window or not spec.recurrent:
+            return 0
+        return self.draft_tokens + 1 if "linear-attention" in rewrites(rewrite) else 0
 
     # -- public API -----------------------------------------------------------------------------------
 

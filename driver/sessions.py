@@ -44,6 +44,7 @@ import onnxruntime as ort
 
 import ops
 import ops.rewrite
+import ops.state_window
 import ops.tiles_cache
 
 from .errors import DriverError
@@ -148,11 +149,16 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
 
 
 def create_session(spec: GraphSpec, device, max_len: int, rewrite=True,
-                   graph_capture: bool = False, pack: bool | None = None) -> tuple[ort.InferenceSession, int]:
+                   graph_capture: bool = False, pack: bool | None = None,
+                   state_window: int = 0) -> tuple[ort.InferenceSession, int]:
     """A session for one graph on `device`, every symbolic dimension but the width fixed (batch 1,
     buffers max_len long). Returns the session and the number of MatMulNBits nodes on our op;
-    packed_nodes(session) says how many of them run the tiles layout (see the module docstring)."""
+    packed_nodes(session) says how many of them run the tiles layout (see the module docstring).
+    state_window W > 0: give the rewritten graph W state slots (ops.state_window) where every
+    linear-attention block is on ort_mtp::GatedDeltaNet; session.state_window says whether it did (W)
+    or not (0), and the session's states are then those of folder.with_state_window(spec, W)."""
     tiles, want_tiles = None, packing_wanted(pack, device)
+    window = 0
     if rewrite:
         proto, report = rewrite_graph(spec, rewrite, device)
         swapped = report.count
@@ -161,6 +167,12 @@ def create_session(spec: GraphSpec, device, max_len: int, rewrite=True,
             raise DriverError(f"{spec.path} was exported with state_window={spec.state_window}, which ONNX Runtime's "
                               f"CPU kernels refuse, and its linear-attention block {block} cannot move to "
                               f"ort_mtp::GatedDeltaNet ({why}); use --provider cuda")
+        if state_window:
+            why = ops.state_window.add_state_window(proto, state_window)
+            if why:
+                log.info("%s: no state window in memory (%s): a partial accept re-runs its tokens", spec.path.name, why)
+            else:
+                window = state_window
     else:
         proto, swapped = spec.proto, 0
     options = ort.SessionOptions()
@@ -182,6 +194,7 @@ def create_session(spec: GraphSpec, device, max_len: int, rewrite=True,
     # ORT may keep reading the packed initializers where they are (the cache's memory map) rather
     # than copy them: they live as long as the session does.
     session.tiles_weights = tiles
+    session.state_window = window
     return session, swapped
 
 

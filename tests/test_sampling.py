@@ -482,10 +482,12 @@ def test_temperature_zero_is_greedy_decoding_itself(tiny, monkeypatch):
             assert result.stats.sampling is None and "sampling" not in result.stats.line()
 
 
-def test_sampling_stats_count_rounds_as_greedy_does(micro_folder):
+@pytest.mark.parametrize("commit,partial", [("auto", "promote"), ("replay", "replay")])
+def test_sampling_stats_count_rounds_as_greedy_does(micro_folder, commit, partial):
     """Under MTP sampling the counters mean what they mean greedy: drafts the rule accepted, tokens
-    per round = accepted + 1 per round; both commit branches of the CPU EP run."""
-    gen = Generator(micro_folder, provider="cpu", mode="mtp", draft_tokens=3, max_length=32, threads=1)
+    per round = accepted + 1 per round; each commit branch of the CPU EP runs (a partial accept
+    promotes a slot of the window added in memory, or with commit='replay' re-runs its tokens)."""
+    gen = Generator(micro_folder, provider="cpu", mode="mtp", draft_tokens=3, max_length=32, threads=1, commit=commit)
     totals = Counter()
     for seed in range(30):
         s = gen.generate(PROMPT, 12, seed=seed, stop_at_eos=False, **SAMPLED).stats
@@ -500,7 +502,8 @@ def test_sampling_stats_count_rounds_as_greedy_does(micro_folder):
         assert s.as_dict()["sampling"]["seed"] == seed
         totals.update(s.commits)
         totals.update(accepted=s.accepted, drafted=s.drafted)
-    assert totals["full"] > 0 and totals["replay"] > 0
+    other = "replay" if partial == "promote" else "promote"
+    assert totals["full"] > 0 and totals[partial] > 0 and totals[other] == 0, totals
     assert 0 < totals["accepted"] < totals["drafted"]
 
 
