@@ -134,9 +134,9 @@ E2E_MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
 
 def bench_e2e(folder: str, args) -> dict:
     """tok/s of ONNX Runtime's ops (rewrite=False), ours, and ours without the int8 kernel's grouped copy
-    of the weights (ORT_MTP_CPU_PACK=0 while the session is created), greedy and MTP k = 1..3: one
-    Generator per path, and the repetitions interleaved over paths and modes, so that a noisy
-    machine's slow spells fall on all of them alike. Medians."""
+    of the weights (ORT_MTP_CPU_PACK=0 while the session is created), greedy and MTP k = 1..4: one
+    Generator per path and mode (below), and the repetitions interleaved over paths and modes, so that
+    a noisy machine's slow spells fall on all of them alike. Medians."""
     from driver import Generator
 
     prompt = list(range(5, 5 + 32))
@@ -144,16 +144,21 @@ def bench_e2e(folder: str, args) -> dict:
     paths = [(name, folder, rewrite, pack) for name, rewrite, pack in E2E_PATHS]
     if args.e2e_windowed:  # the same model exported with a state window: ours only (ORT's CPU kernels refuse it)
         paths.append(("ours_windowed", args.e2e_windowed, True, True))
+    # Each mode and k on its own Generator, as `python -m driver generate --mode M --draft-tokens K` runs
+    # it: an MTP Generator's main session carries a state window of k+1 slots added in memory
+    # (ops.state_window) to a folder exported without one, which a greedy step would pay for.
     for path, where, rewrite, pack in paths:
         with cpu_pack(pack):
-            generators[path] = Generator(where, provider="cpu", mode="mtp", rewrite=rewrite, threads=args.threads)
+            for mode, k in E2E_MODES:
+                generators[path, k] = Generator(where, provider="cpu", mode=mode, draft_tokens=max(k, 1),
+                                                rewrite=rewrite, threads=args.threads)
     runs: dict[str, list[float]] = {}
     tokens: dict[str, list[int]] = {}
     acceptance: dict[str, float] = {}
     for rep in range(args.e2e_reps + 1):  # the first pass warms up
         for mode, k in E2E_MODES:
-            for path, gen in generators.items():
-                r = gen.generate(prompt, args.new_tokens, mode=mode, draft_tokens=max(k, 1), stop_at_eos=False)
+            for path, *_ in paths:
+                r = generators[path, k].generate(prompt, args.new_tokens, stop_at_eos=False)
                 key = f"{path}_{mode}" + (f"_k{k}" if k else "")
                 if rep:
                     runs.setdefault(key, []).append(
