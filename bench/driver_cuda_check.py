@@ -170,12 +170,16 @@ def check_variant(folder: Path, provider: str, prompts, new_tokens: int, max_len
     def run_all(gen, **kw):
         return [gen.generate(p, new_tokens, stop_at_eos=False, **kw) for p in prompts]
 
+    # Greedy on a greedy Generator (no state window: a folder exported without one gets one in memory on
+    # the MTP Generator only, ops.state_window), so that MTP is compared with what `--mode greedy` prints.
+    greedy_gen = Generator(folder, provider=provider, mode="greedy", cuda_graphs=graphs, max_length=max_length)
+    greedy_cold = run_all(greedy_gen)
+    greedy_warm = run_all(greedy_gen)
+    del greedy_gen
+    greedy = [r.tokens for r in greedy_warm]
     gen = Generator(folder, provider=provider, mode="mtp", draft_tokens=3, cuda_graphs=graphs,
                     max_length=max_length)
-    greedy_cold = run_all(gen, mode="greedy")
-    greedy_warm = run_all(gen, mode="greedy")
-    greedy = [r.tokens for r in greedy_warm]
-    report = {"greedy_tokens": greedy, "greedy": {
+    report = {"greedy_tokens": greedy, "mtp_session_state_window": gen.main.spec.state_window, "greedy": {
         "cold_equal_warm": [a.tokens == b for a, b in zip(greedy_cold, greedy)],
         "tok_s_median": statistics.median(r.stats.tokens_per_second for r in greedy_warm),
     }}
@@ -276,7 +280,8 @@ def summary_lines(report: dict) -> list[str]:
                 continue
             g = v["greedy"]
             extra = f", ==eager {sum(g['equal_eager'])}/{len(g['equal_eager'])}" if "equal_eager" in g else ""
-            lines.append(f"{label} [{variant}] (W={r['state_window']}): greedy {g['tok_s_median']:.1f} tok/s{extra}")
+            lines.append(f"{label} [{variant}] (W={r['state_window']}, MTP session W={v['mtp_session_state_window']}): "
+                         f"greedy {g['tok_s_median']:.1f} tok/s{extra}")
             for name in ("mtp_k1", "mtp_k2", "mtp_k3", "mtp_k3_replay"):
                 m = v[name]
                 lines.append(f"  {name}: ==greedy {sum(m['equal_greedy'])}/{len(m['equal_greedy'])}, acceptance "
