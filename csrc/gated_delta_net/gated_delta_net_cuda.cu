@@ -119,6 +119,9 @@ struct GdnParams {
   int norm_mode;                     // NormMode
   uint64_t group_magic;              // h -> h / (Hv / Hk) as (h * group_magic) >> 32 (exact for h < 2^16)
   bool vec_state;  // the recurrent state's block rows can be moved in 16-byte pieces (sizes and addresses)
+  // FinishKernel lets the next launch on the stream start at its top rather than at its exit
+  // (ORT_MTP_GDN_FINISH_TRIGGER=1, read once; off by default until a device run has measured it).
+  bool finish_trigger_first;
 };
 
 using cuda::FromF;
@@ -648,8 +651,13 @@ constexpr int kConvWindow = 16;                         // slots + K - 2 up to t
 // for GdnKernel to complete, so that what follows on the stream sees both kernels' writes.
 // The other blocks (norm mode kNormFinish only): GatedRMSNorm of y's rows in place (NormRow), after
 // GdnKernel has written o into them.
+// With p.finish_trigger_first every block triggers first: the next kernel on the stream (the out
+// projection's matmul, launched with programmatic dependent launch) may then start issuing its weight
+// copies while this kernel runs; it still reads y only after its own wait, which waits for this kernel's
+// completion (and this kernel for GdnKernel's), so the trigger moves no result.
 template <typename T>
 __global__ void __launch_bounds__(kFinishThreads) FinishKernel(const GdnParams p, unsigned conv_blocks) {
+  if (p.finish_trigger_first) GridDependencyTrigger();  // uniform branch: no divergence
   if (blockIdx.x < conv_blocks) {  // grid y: batch row
     const int64_t C = 2LL * p.hk * p.dk + static_cast<int64_t>(p.hv) * p.dv;
     const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, b = blockIdx.y;
@@ -870,6 +878,11 @@ const char* GatedDeltaNetCuda(const GatedDeltaNetProblem& p, void* stream) {
   const uintptr_t state_addresses =
       reinterpret_cast<uintptr_t>(p.past_recurrent) | reinterpret_cast<uintptr_t>(p.present_recurrent);
   prm.vec_state = state_addresses % 16 == 0 && (p.v_head_dim * state_size) % 16 == 0 && (cols * state_size) % 16 == 0;
+  static const bool finish_trigger_first = [] {
+    const char* v = std::getenv("ORT_MTP_GDN_FINISH_TRIGGER");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  prm.finish_trigger_first = finish_trigger_first;
   const bool pdl = major >= 9;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (p.type) {
