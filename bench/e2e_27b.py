@@ -9,8 +9,9 @@ same configuration, and the per-op row identity of a width-4 verify on CUDA
                              [--repetitions 3] [--ort-repetitions 1] [--phases] [--temperatures 0.7,1.0]
 
 Builds the folder first when it is missing (`qwen35-27b`, int4, CUDA, --state-window 5 slots so that
-k = 4's verify commits without a re-advance; ~25 s on
-16 cores). Each (configuration, mode) runs every prompt once to warm up (CUDA graphs captured), then
+k = 4's verify commits without a re-advance; ~25 s on 16 cores; `--state-window 0` builds it without a
+window, which the driver's MTP Generator then adds in memory). Greedy runs on a greedy Generator and
+MTP on one Generator with draft_tokens 4, per configuration. Each (configuration, mode) runs every prompt once to warm up (CUDA graphs captured), then
 --repetitions measured passes; tok/s is the median over prompts of each prompt's median new tokens /
 decode seconds, beside the time to first token (the prefill), the achieved weight bandwidth (weight
 bytes read by the forwards over the decode time), the device memory in use at its peak, and, with
@@ -84,7 +85,7 @@ def tiles_folder(folder: Path) -> tuple[Path, dict]:
     return target, {"built": True, "seconds": round(time.perf_counter() - start, 1), "models": packed}
 
 
-def run_sampled(gen, prompts: list[list[int]], new_tokens: int, temperature: float, label: str) -> dict:
+def run_sampled(by_mode: dict, prompts: list[list[int]], new_tokens: int, temperature: float, label: str) -> dict:
     """Sampled decoding at `temperature` (no top-k / top-p): plain sampling (mode greedy) and MTP
     speculative sampling k = 1..3, each prompt with its own fixed seed, warm-up pass then the measured
     one. Rows as summarize's, without stream identity (sampled streams need not match: docs/driver.md)."""
@@ -95,8 +96,8 @@ def run_sampled(gen, prompts: list[list[int]], new_tokens: int, temperature: flo
             kwargs = {"mode": mode, "stop_at_eos": False, "temperature": temperature, "seed": 1000 + p}
             if k:
                 kwargs["draft_tokens"] = k
-            gen.generate(ids, new_tokens, **kwargs)
-            stats = gen.generate(ids, new_tokens, **kwargs).stats.as_dict()
+            by_mode[mode].generate(ids, new_tokens, **kwargs)
+            stats = by_mode[mode].generate(ids, new_tokens, **kwargs).stats.as_dict()
             per_prompt.append({"tok_s": stats["tokens_per_second"], "acceptance": stats["acceptance"],
                                "tokens_per_round": stats["tokens_per_round"]})
         name = "sample" if not k else f"mtp_k{k}"
@@ -141,10 +142,16 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
 
     label = label or ("ours" if rewrite else "ort")
 
+    # Greedy on a greedy Generator, as `--mode greedy` runs it, and MTP on one whose draft_tokens is the
+    # largest k measured: a folder exported without a state window gets k+1 slots in memory on the MTP
+    # Generator only (ops.state_window), the window of a folder exported with W = 5.
     start = time.perf_counter()
-    gen = Generator(folder, provider=provider, mode="mtp", draft_tokens=3, rewrite=rewrite)
+    gen = Generator(folder, provider=provider, mode="mtp", draft_tokens=max(k for _, k in MODES), rewrite=rewrite)
     load_seconds = time.perf_counter() - start
+    greedy_gen = Generator(folder, provider=provider, mode="greedy", rewrite=rewrite)
+    by_mode = {"greedy": greedy_gen, "mtp": gen}
     gen_report = rewrite_summary(gen, rewrite)
+    mtp_window = gen.main.spec.state_window
     bytes_per = weight_bytes(folder)
     rows = {}
     greedy_tokens = []
@@ -155,8 +162,8 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
             kwargs = {"mode": mode, "stop_at_eos": False}
             if k:
                 kwargs["draft_tokens"] = k
-            gen.generate(ids, new_tokens, **kwargs)  # warm-up: captures this width's CUDA graphs
-            runs = [gen.generate(ids, new_tokens, **kwargs) for _ in range(repetitions)]
+            by_mode[mode].generate(ids, new_tokens, **kwargs)  # warm-up: captures this width's CUDA graphs
+            runs = [by_mode[mode].generate(ids, new_tokens, **kwargs) for _ in range(repetitions)]
             result = runs[-1]
             stats = result.stats.as_dict()
             forwards = stats["forwards"]
@@ -193,10 +200,11 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
             stats = profiled.generate(prompts[0], new_tokens, **kwargs).stats.as_dict()
             rows[mode if not k else f"mtp_k{k}"]["phase_ms_per_round"] = stats.get("phase_ms_per_round")
         del profiled
-    sampled = {str(t): run_sampled(gen, prompts, new_tokens, t, label) for t in temperatures}
-    del gen
+    sampled = {str(t): run_sampled(by_mode, prompts, new_tokens, t, label) for t in temperatures}
+    del gen, greedy_gen, by_mode
     out = {"label": label, "rewrite": rewrite if isinstance(rewrite, bool) else list(rewrite),
            "rewritten": gen_report, "load_seconds": round(load_seconds, 1), "weight_bytes": bytes_per,
+           "mtp_session_state_window": mtp_window,
            "repetitions": repetitions, "peak_device_memory_bytes": peak, "modes": rows}
     if sampled:
         out["sampled"] = sampled

@@ -36,6 +36,7 @@ def test_e2e_script_dry_run(tiny_folder, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "e2e_27b.json").read_text())
     ours, without = report["configurations"]
+    assert ours["mtp_session_state_window"] == 5  # the tiny folder has none: k = 4 + 1 slots in memory
     assert without["label"] == "ours_nomlp" and "mlp" not in without["rewrite"]
     assert ours["rewritten"]["mlp"] > 0 and without["rewritten"]["mlp"] == 0
     assert without["rewritten"]["matmul_nbits"] == ours["rewritten"]["matmul_nbits"] > 0
