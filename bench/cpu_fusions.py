@@ -3,13 +3,15 @@ round-robin in one process: by default every rewrite (the driver's default) agai
 mlp fusion, the gated-attention fusion, or both.
 
     python bench/cpu_fusions.py --model /tmp/small [--reps 25] [--threads 2] [--out FILE]
-        [--variants default,no-mlp,...] [--library NAME=PATH ...]
+        [--variants default,no-mlp,...] [--library NAME=PATH ...] [--draft-tokens K]
 
 Variants: `default`; `no-<kind>` (every rewrite but ops.rewrite's kind <kind>, e.g. no-mlp);
 `neither` (no mlp and no gated-attention fusion); `plain-run-options` (the driver's defaults, but each
 run given a RunOptions without the gpu_graph_id entry, as the driver did before driver/device.py set it);
 and, for each `--library NAME=PATH`, `NAME`: the driver's defaults on that build of the custom-op
 library (ORT_MTP_LIBRARY for that session only), to time two builds of one kernel against each other.
+With --draft-tokens K the sessions are MTP Generators' main sessions for K drafts, which carry a window
+of K+1 state slots added in memory where the folder has none (ops.state_window), as an MTP run's do.
 
 All sessions live in one process and are timed round-robin per width (2 warm-up forwards, then 10 timed,
 per turn), so a noisy machine's slow spells fall on every variant alike; the figure is the median over
@@ -77,21 +79,30 @@ def session_setting(variant: str, libraries: dict):
             os.environ["ORT_MTP_LIBRARY"] = saved_env
 
 
-def measure(model: str, reps: int, threads: int, variants: list[str], libraries: dict) -> dict:
+def measure(model: str, reps: int, threads: int, variants: list[str], libraries: dict, draft_tokens: int = 0) -> dict:
+    """draft_tokens k > 0: each variant's main session is an MTP Generator's (k drafts), which carries a
+    window of k+1 state slots where the folder has none (ops.state_window); 0: a greedy Generator's."""
+    mode = "mtp" if draft_tokens else "greedy"
     gens = {}
     for name in variants:
         rewrite = True if name in libraries else rewrite_of(name)
         if rewrite is None:
             raise SystemExit(f"unknown variant {name!r}")
         with session_setting(name, libraries):
-            gen = Generator(model, mode="greedy", rewrite=rewrite, threads=threads)
+            gen = Generator(model, mode=mode, draft_tokens=max(draft_tokens, 1), rewrite=rewrite, threads=threads)
             gen.main._options(None)  # the run options are made now, under the variant's setting
-        gen.generate(PROMPT, 16)
+        gen.generate(PROMPT, 16, mode="greedy")
         gens[name] = gen
     times = {(name, w): [] for name in gens for w in WIDTHS}
-    for _ in range(reps):
+    names = list(gens)
+    for rep in range(reps):
+        # Every other turn in reverse order, so that no variant is always timed first. Even so, two names
+        # for one build differed by 2% at width 1 (2-core EPYC, 2026-12-05, two runs: the first-made
+        # session the slower): differences between variants of that size are not the variants'.
+        order = names if rep % 2 == 0 else names[::-1]
         for w in WIDTHS:
-            for name, gen in gens.items():
+            for name in order:
+                gen = gens[name]
                 for _ in range(2):
                     gen.main.forward(w)
                 t = time.perf_counter()
@@ -110,10 +121,12 @@ def main() -> int:
     ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma-separated (see above)")
     ap.add_argument("--library", action="append", default=[], metavar="NAME=PATH",
                     help="a variant NAME on the library build at PATH (repeatable)")
+    ap.add_argument("--draft-tokens", type=int, default=0, metavar="K",
+                    help="time an MTP Generator's main session for K drafts (its state window) instead of a greedy one's")
     args = ap.parse_args()
     libraries = dict(item.split("=", 1) for item in args.library)
     variants = [v for v in args.variants.split(",") if v] + [n for n in libraries if n not in args.variants.split(",")]
-    rows = measure(args.model, args.reps, args.threads, variants, libraries)
+    rows = measure(args.model, args.reps, args.threads, variants, libraries, args.draft_tokens)
     for name, row in rows.items():
         print(name, json.dumps(row), flush=True)
     result = {"command": "python bench/cpu_fusions.py " + " ".join(sys.argv[1:]),
@@ -121,6 +134,7 @@ def main() -> int:
               "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                          cwd=ROOT).stdout.strip(),
               "model": args.model, "reps": args.reps, "threads": args.threads, "libraries": libraries,
+              "draft_tokens": args.draft_tokens,
               "forward_ms": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
