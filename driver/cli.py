@@ -40,8 +40,8 @@ def build_parser() -> Parser:
     gen.add_argument("--profile", action="store_true",
                      help="time each phase of a round (also DRIVER_PROFILE=1); adds device synchronisations")
     gen.add_argument("--commit", choices=COMMIT_POLICIES, default="auto",
-                     help="partial-accept commit: auto (promote a window slot when the model has one) or "
-                          "replay (always restore and re-advance)")
+                     help="partial-accept commit: auto (promote a slot of the state window: the folder's, "
+                          "else one added in memory) or replay (always restore and re-advance; no window added)")
     gen.add_argument("--no-cuda-graphs", action="store_true", help="CUDA: run every forward eagerly")
     gen.add_argument("--no-pack", action="store_true",
                      help="CUDA: keep MatMulNBits' row-major layout (default: the faster tiles layout, its "
