@@ -1,13 +1,18 @@
 """ort_mtp::GroupQueryAttention on the CPU EP: against its float64 reference, against ONNX Runtime's
 com.microsoft::GroupQueryAttention (the node it replaces), a width-S call bit-identical to S width-1
 calls (output rows and the KV cache), the shared past/present buffer, and its errors, each naming the
-node.
+node. The CPU EP attends with the float32 kernel by default (group_query_attention_cpu_fast.cc) and the
+double reference kernel with ORT_MTP_CPU_KERNEL=reference (read once per process):
+test_reference_kernel_passes_this_module reruns the arithmetic tests here in a process that picks it.
 
-Tolerances (u_T the unit roundoff: 2^-24 float32, 2^-11 float16):
-  - reference: the op computes in double and rounds each score to float32 (as ORT's float scores) and
-    the output to T; the reference keeps float64 scores, whose difference (~u_32 of a score, times the
-    score's size) moves a softmax weight by about as much: 16 u_32 of max |output| in float32; in
-    float16 the output's own rounding, 1 ulp of each element (u_16 |out|) plus that.
+Tolerances (u_T the unit roundoff: 2^-24 float32, 2^-11 float16), L the positions a row sees:
+  - reference: the reference kernel computes in double and rounds each score to float32 (as ORT's float
+    scores) and the output to T; the float64 reference keeps float64 scores, whose difference (~u_32 of a
+    score, times the score's size) moves a softmax weight by about as much: 16 u_32 of max |output| in
+    float32; in float16 the output's own rounding, 1 ulp of each element (u_16 |out|) plus that. The
+    float32 kernel sums H products per score and L terms per softmax sum and output in float32 too: ~(H +
+    L) u_32 more (relative to max |output|), which the cases of few positions keep under the same bound
+    and test_long_rows_match_reference states as such.
   - ORT: float32 GEMMs and softmax, ~(H + L) u_32 relative; float16: ORT also rounds its output to fp16,
     so at most one fp16 rounding apart: 2 u_16 |out|. The KV cache is a copy: bit-equal.
 """
@@ -15,6 +20,10 @@ Tolerances (u_T the unit roundoff: 2^-24 float32, 2^-11 float16):
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -27,6 +36,7 @@ from ops.nbits import UNIT_ROUNDOFF
 NODE = "/model/layers.3/attn/GroupQueryAttention"
 LABEL = f"GroupQueryAttention node '{NODE}'"
 U = UNIT_ROUNDOFF
+REFERENCE_KERNEL = os.environ.get("ORT_MTP_CPU_KERNEL") == "reference"
 
 
 class Op:
@@ -81,6 +91,36 @@ def test_matches_reference_and_onnx_runtime(nq, nkv, h, seq, past, buffer, extra
         assert np.array_equal(ours[name].astype(np.float64), want), name
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("past,extra", [(700, {}), (300, {"local_window_size": 200, "softcap": 30.0})])
+def test_long_rows_match_reference(past, extra, dtype, cpu_session):
+    """Rows that see hundreds of positions at Qwen3.5's head size (every lane and fold of the float32
+    kernel's sums in use): within (H + L) u_32 of max |output| of the float64 reference (plus the
+    output's own rounding in float16), and the reference kernel within that too."""
+    cfg = GqaConfig(8, 2, 128, dtype=dtype, **extra)
+    seq = 3
+    feeds = gqa.random_case(np.random.default_rng(past), cfg, batch=1, seq=seq, past=past, buffer=past + seq + 5)
+    out = gqa.reference(cfg, **feeds)[0]
+    got = Op(cpu_session, cfg)(feeds)["output"].astype(np.float64)
+    scale = np.abs(out).max()
+    bound = (cfg.head_size + past + seq) * U["float32"] * scale + (U[dtype] * np.abs(out) if dtype == "float16" else 0)
+    assert np.all(np.abs(got - out) <= bound), np.max(np.abs(got - out) / bound)
+
+
+@pytest.mark.skipif(REFERENCE_KERNEL, reason="this process runs the reference kernel already")
+def test_reference_kernel_passes_this_module(library_path):
+    """ORT_MTP_CPU_KERNEL=reference (read once per process) runs the double reference attention: this
+    module's arithmetic tests, rerun in a process that picks it, hold it to the same bounds and width and
+    thread-count identities."""
+    here = Path(__file__).resolve()
+    env = dict(os.environ, ORT_MTP_CPU_KERNEL="reference", ORT_MTP_LIBRARY=library_path)
+    tests = "matches_reference or long_rows or width_s or present_bound or past_the_call"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here), "-k", tests],
+                         env=env, cwd=here.parents[1], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert " passed" in out.stdout and "failed" not in out.stdout, out.stdout[-2000:]
+
+
 def test_positions_past_the_call_are_zero_and_never_read(cpu_session):
     """present (not past's buffer) has past's first positions, the new ones, then zeros; what past's
     buffer held beyond its first `past` positions does not change the output."""
@@ -97,7 +137,8 @@ def test_positions_past_the_call_are_zero_and_never_read(cpu_session):
 
 
 WIDTH_CASES = [(4, 2, 16, 8, 3, "float32", {}), (8, 1, 32, 16, 0, "float32", {}), (4, 2, 16, 6, 9, "float16", {}),
-               (4, 2, 16, 7, 2, "float32", {"local_window_size": 3, "softcap": 2.0})]
+               (4, 2, 16, 7, 2, "float32", {"local_window_size": 3, "softcap": 2.0}),
+               (8, 2, 128, 5, 90, "float32", {})]  # rows of ~90 positions: every lane of the float32 sums
 
 
 @pytest.mark.parametrize("nq,nkv,h,seq,past,dtype,extra", WIDTH_CASES)

@@ -41,17 +41,29 @@ struct GroupQueryAttentionProblem {
   void* present_value = nullptr;  // [B, Nkv, present_len, H]
 };
 
-// CPU kernel. For each batch row b the call's tokens sit at positions past_b .. past_b + S - 1, past_b =
+// CPU kernels. For each batch row b the call's tokens sit at positions past_b .. past_b + S - 1, past_b =
 // seqlens_k[b] + 1 - S (the op checks 0 <= past_b and past_b + S <= present_len). First the new keys and
 // values are written into present at those positions (when present is not past's buffer, present is
-// zeroed and past's first past_b positions copied first, as ORT does). Then query row s of head h attends
-// to positions [lo, past_b + s] of its kv head (lo = 0, or the local window's start): scores q . k_j in
-// double in ascending feature order, times scale (rounded to float32, as ORT's float scores), softcap,
-// softmax in double (max, exp, sum in ascending position), output = sum_j exp_j v_j / sum in ascending
-// position, rounded to the output type. Nothing in a row's arithmetic depends on S or on the other
-// rows. Work is spread over ORT's thread pool by (batch, head); each value is computed by one task.
+// zeroed and past's first past_b positions copied first, as ORT does: GroupQueryAttentionCpuCache). Then
+// query row s of head h attends to positions [lo, past_b + s] of its kv head (lo = 0, or the local
+// window's start): scores q . k_j times scale, softcap, softmax, output = sum_j exp_j v_j / sum, rounded
+// to the output type. Nothing in a row's arithmetic depends on S or on the other rows: every order is
+// fixed by the row's position and the head size. Work is spread over ORT's thread pool by (batch, head);
+// each value is computed by one task.
+// GroupQueryAttentionCpu: float32, vectorised (group_query_attention_cpu_fast.cc): each score in 16
+// lanes (feature i in lane i % 16, ascending) summed in a fixed tree; max, exponentials (silu::Exp), their
+// sum in 16 lanes by position, and sum_j exp_j v_j by ascending position, per feature. The reference
+// instead when ORT_MTP_CPU_KERNEL=reference.
 void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
                             void* parallel_context);
+// GroupQueryAttentionCpuReference: the scores in double in ascending feature order, rounded to float32
+// (as ORT's float scores), softcap, softmax in double (max, exp, sum in ascending position), the output
+// sum in double in ascending position (group_query_attention_cpu.cc): the tests' oracle.
+void GroupQueryAttentionCpuReference(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
+                                     void* parallel_context);
+// The cache pass alone (both kernels run it first).
+void GroupQueryAttentionCpuCache(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
+                                 void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
 // The CUDA kernel (group_query_attention_cuda.cu): the cache rows, then the attention split over fixed

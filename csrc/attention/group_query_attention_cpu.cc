@@ -1,9 +1,11 @@
-// CPU kernel of GroupQueryAttention (group_query_attention.h has the arithmetic). Written for row
-// independence first: every query row is one task's loop over its own positions, in double, in an order
-// fixed by the row's position and the head size alone, so a call of width S computes row s exactly as
-// the width-1 call at that position does. Two passes: (1) per (batch, kv head): present's cache rows
-// (past's copied when present is another buffer, then the call's new keys and values); (2) per (batch,
-// q head): attention of the call's query rows over the cache.
+// CPU reference kernel of GroupQueryAttention (ORT_MTP_CPU_KERNEL=reference; by default the float32
+// kernel of group_query_attention_cpu_fast.cc attends, which the tests hold to this one), and the cache
+// pass both kernels run (group_query_attention.h has the arithmetic). Written for row independence
+// first: every query row is one task's loop over its own positions, in double, in an order fixed by the
+// row's position and the head size alone, so a call of width S computes row s exactly as the width-1
+// call at that position does. Two passes: (1) per (batch, kv head): present's cache rows (past's copied
+// when present is another buffer, then the call's new keys and values); (2) per (batch, q head):
+// attention of the call's query rows over the cache.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -104,20 +106,35 @@ struct Kernel {
 };
 
 template <typename T>
-void Run(const GroupQueryAttentionProblem& p, ParallelFor parallel_for, void* context) {
+void Cache(const GroupQueryAttentionProblem& p, ParallelFor parallel_for, void* context) {
   Kernel<T> kernel(p);
   cpu::ForEach<Kernel<T>, &Kernel<T>::WriteCache>(kernel, p.batch * p.kv_num_heads, parallel_for, context);
+}
+
+template <typename T>
+void Attention(const GroupQueryAttentionProblem& p, ParallelFor parallel_for, void* context) {
+  Kernel<T> kernel(p);
   cpu::ForEach<Kernel<T>, &Kernel<T>::Attend>(kernel, p.batch * p.num_heads, parallel_for, context);
 }
 
 }  // namespace
 
-void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
-                            void* parallel_context) {
+void GroupQueryAttentionCpuCache(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
+                                 void* parallel_context) {
   switch (p.type) {
-    case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
-    case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat32: Cache<float>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat16: Cache<Ort::Float16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kBFloat16: Cache<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
+  }
+}
+
+void GroupQueryAttentionCpuReference(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
+                                     void* parallel_context) {
+  GroupQueryAttentionCpuCache(p, parallel_for, parallel_context);
+  switch (p.type) {
+    case FloatType::kFloat32: Attention<float>(p, parallel_for, parallel_context); break;
+    case FloatType::kFloat16: Attention<Ort::Float16_t>(p, parallel_for, parallel_context); break;
+    case FloatType::kBFloat16: Attention<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
   }
 }
 
