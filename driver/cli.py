@@ -78,27 +78,20 @@ def build_parser() -> Parser:
 
 
 # --mode auto: MTP where the folder has an MTP head, with the draft count measured fastest on each
-# provider, except for small models on a CPU; greedy for a folder without a head. On CUDA a verify costs
-# little more than a decode step (README, "Measured so far"). On a CPU (2 cores,
-# bench/results/2026-12-04-cpu-segments) MTP k=1 was the fastest mode on the small preset (357 MB), with a
-# state window or without (where higher k lost ground, each partial accept re-running a forward), in the
-# last three runs there, while on the 16 MB default model, whose forward is mostly fixed per-node
-# overhead, greedy was faster than MTP at every k (bench/results/cpu/default_model.json).
-# Between the two sizes nothing was measured: CPU_MTP_MIN_BYTES sits between them.
+# provider; greedy for a folder without a head. On CUDA a verify costs little more than a decode step
+# (README, "Measured so far"). On a CPU (2 cores) MTP k=1 was the fastest mode on the small preset (357
+# MB: bench/results/2026-12-05-cpu-window-in-memory, 1.38x greedy) and, since the float32 attention and
+# Gated DeltaNet kernels and the window added in memory, on the 16 MB default model too, whose forward
+# is mostly fixed per-node overhead (bench/results/2026-12-05-gqa-cpu-fast: 2-3% ahead of greedy in two
+# runs; before them greedy was the faster mode there).
 AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
-CPU_MTP_MIN_BYTES = 64 << 20
-AUTO_MODE_HELP = ("mtp where the folder has an MTP head (on cpu: for main-model weights of 64 MiB or more), "
-                  "else greedy")
+AUTO_MODE_HELP = "mtp where the folder has an MTP head (k=1 on cpu, 3 on cuda), else greedy"
 
 
-def resolve_mode(mode: str, folder, provider: str) -> str:
+def resolve_mode(mode: str, folder) -> str:
     if mode != "auto":
         return mode
-    if folder.mtp is None:
-        return "greedy"
-    if provider == "cpu" and folder.main.weight_bytes() < CPU_MTP_MIN_BYTES:
-        return "greedy"
-    return "mtp"
+    return "greedy" if folder.mtp is None else "mtp"
 
 
 def resolve_draft_tokens(draft_tokens: int | None, provider: str) -> int:
@@ -122,7 +115,7 @@ def cmd_generate(args) -> int:
     prompt_ids = Text(folder.tokenizer).encode(args.prompt)
     # Buffers sized for this run: the prompt, the new tokens, and the widest verify beyond them.
     need = len(prompt_ids) + max(args.max_new_tokens, 1)
-    mode = resolve_mode(args.mode, folder, args.provider)
+    mode = resolve_mode(args.mode, folder)
     generator = Generator(folder, provider=args.provider, mode=mode,
                           draft_tokens=resolve_draft_tokens(args.draft_tokens, args.provider),
                           max_length=max(2, min(folder.context_length, need)), prefill_chunk=args.prefill_chunk,

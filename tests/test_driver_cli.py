@@ -97,20 +97,13 @@ def test_generate_json(tiny_folder, capsys):
     assert "verify" in stats["phase_ms_per_round"]
 
 
-def test_auto_mode_on_the_cpu_is_mtp_k1_for_big_weights_and_greedy_for_small(tiny_folder, capsys, monkeypatch):
-    """--mode auto on the CPU: greedy for a small model (the tiny preset's weights are under
-    CPU_MTP_MIN_BYTES), MTP with k = 1 (the fastest measured there) for a big one, unless --draft-tokens
-    says otherwise."""
-    import driver.cli as cli
-
+def test_auto_mode_on_the_cpu_is_mtp_k1(tiny_folder, capsys):
+    """--mode auto on the CPU: MTP with k = 1 (the fastest measured there) for a folder with an MTP head,
+    unless --draft-tokens says otherwise."""
     base = ["generate", "--model", str(tiny_folder), "--prompt", "import os", "--max-new-tokens", "6", "--json"]
     assert main(base) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["mode"] == "greedy" and result["mode_chosen_by"] == "auto"
-    monkeypatch.setattr(cli, "CPU_MTP_MIN_BYTES", 1024)  # the tiny preset's weights now count as big
-    assert main(base) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["mode"] == "mtp" and result["stats"]["draft_tokens"] == 1
+    assert result["mode"] == "mtp" and result["mode_chosen_by"] == "auto" and result["stats"]["draft_tokens"] == 1
     assert main(base + ["--draft-tokens", "4"]) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["draft_tokens"] == 4
 
