@@ -263,11 +263,7 @@ struct GatedAttentionKernel {
       RunGqaCpu(ctx, p);
       kernel.Gate(qkv, static_cast<T*>(p.output));
     };
-    switch (type_) {
-      case FloatType::kFloat32: run(float{}); break;
-      case FloatType::kFloat16: run(Ort::Float16_t{}); break;
-      case FloatType::kBFloat16: run(Ort::BFloat16_t{}); break;
-    }
+    cpu::WithElementType(type_, run);
   }
 
   // GroupQueryAttention's inputs: the query, key and value this op makes from qkv (described here; their

@@ -121,21 +121,13 @@ void Attention(const GroupQueryAttentionProblem& p, ParallelFor parallel_for, vo
 
 void GroupQueryAttentionCpuCache(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
                                  void* parallel_context) {
-  switch (p.type) {
-    case FloatType::kFloat32: Cache<float>(p, parallel_for, parallel_context); break;
-    case FloatType::kFloat16: Cache<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case FloatType::kBFloat16: Cache<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
-  }
+  cpu::WithElementType(p.type, [&](auto t) { Cache<decltype(t)>(p, parallel_for, parallel_context); });
 }
 
 void GroupQueryAttentionCpuReference(const GroupQueryAttentionProblem& p, ParallelFor parallel_for,
                                      void* parallel_context) {
   GroupQueryAttentionCpuCache(p, parallel_for, parallel_context);
-  switch (p.type) {
-    case FloatType::kFloat32: Attention<float>(p, parallel_for, parallel_context); break;
-    case FloatType::kFloat16: Attention<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case FloatType::kBFloat16: Attention<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
-  }
+  cpu::WithElementType(p.type, [&](auto t) { Attention<decltype(t)>(p, parallel_for, parallel_context); });
 }
 
 }  // namespace ort_mtp

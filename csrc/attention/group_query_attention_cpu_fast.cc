@@ -127,11 +127,7 @@ void GroupQueryAttentionCpu(const GroupQueryAttentionProblem& p, ParallelFor par
     return;
   }
   GroupQueryAttentionCpuCache(p, parallel_for, parallel_context);
-  switch (p.type) {
-    case FloatType::kFloat32: Attention<float>(p, parallel_for, parallel_context); break;
-    case FloatType::kFloat16: Attention<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case FloatType::kBFloat16: Attention<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
-  }
+  cpu::WithElementType(p.type, [&](auto t) { Attention<decltype(t)>(p, parallel_for, parallel_context); });
 }
 
 }  // namespace ort_mtp

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/float_type.h"
 #include "common/ort.h"
 
 namespace ort_mtp {
@@ -34,6 +35,17 @@ inline float ToFloat(Ort::Float16_t v) { return v.ToFloat(); }
 inline float ToFloat(Ort::BFloat16_t v) { return v.ToFloat(); }
 template <typename T>
 T FromFloat(float v) { return T(v); }
+
+// fn(T{}) with T the element type of `type` (float, Ort::Float16_t, Ort::BFloat16_t): the one place the CPU
+// kernels map a FloatType to the type their templates are instantiated for.
+template <typename Fn>
+void WithElementType(FloatType type, Fn&& fn) {
+  switch (type) {
+    case FloatType::kFloat32: fn(float{}); return;
+    case FloatType::kFloat16: fn(Ort::Float16_t{}); return;
+    case FloatType::kBFloat16: fn(Ort::BFloat16_t{}); return;
+  }
+}
 
 // ORT_MTP_CPU_KERNEL=reference (read once per process) runs the double reference kernels, the tests'
 // oracles, where an op has a fast CPU kernel beside one (MatMulNBits reads the variable's other values

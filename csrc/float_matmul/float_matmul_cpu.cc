@@ -113,11 +113,7 @@ void Run(const FloatMatMulProblem& p, ParallelFor parallel_for, void* context) {
 void FloatMatMulCpu(const FloatMatMulProblem& p, ParallelFor parallel_for, void* parallel_context) {
   FloatMatMulProblem first = p;
   first.n2 = 0;
-  switch (p.type) {
-    case FloatType::kFloat32: Run<float>(first, parallel_for, parallel_context); break;
-    case FloatType::kFloat16: Run<Ort::Float16_t>(first, parallel_for, parallel_context); break;
-    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(first, parallel_for, parallel_context); break;
-  }
+  cpu::WithElementType(p.type, [&](auto t) { Run<decltype(t)>(first, parallel_for, parallel_context); });
   if (p.n2 > 0) {  // the second product: the same code on (A, B2), so Y2 is what a node of its own computes
     FloatMatMulProblem second = first;
     second.n = p.n2;

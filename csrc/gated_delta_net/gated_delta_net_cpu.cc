@@ -262,11 +262,7 @@ void Run(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* context)
 }  // namespace
 
 void GatedDeltaNetCpuReference(const GatedDeltaNetProblem& p, ParallelFor parallel_for, void* parallel_context) {
-  switch (p.type) {
-    case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
-    case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
-  }
+  cpu::WithElementType(p.type, [&](auto t) { Run<decltype(t)>(p, parallel_for, parallel_context); });
 }
 
 }  // namespace ort_mtp

@@ -264,11 +264,7 @@ void GatedDeltaNetCpu(const GatedDeltaNetProblem& p, ParallelFor parallel_for, v
     GatedDeltaNetCpuReference(p, parallel_for, parallel_context);
     return;
   }
-  switch (p.type) {
-    case FloatType::kFloat32: Run<float>(p, parallel_for, parallel_context); break;
-    case FloatType::kFloat16: Run<Ort::Float16_t>(p, parallel_for, parallel_context); break;
-    case FloatType::kBFloat16: Run<Ort::BFloat16_t>(p, parallel_for, parallel_context); break;
-  }
+  cpu::WithElementType(p.type, [&](auto t) { Run<decltype(t)>(p, parallel_for, parallel_context); });
 }
 
 }  // namespace ort_mtp
