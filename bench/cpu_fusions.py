@@ -28,7 +28,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,7 @@ import onnxruntime as ort  # noqa: E402
 import driver.device  # noqa: E402
 import ops.rewrite  # noqa: E402
 from driver import Generator  # noqa: E402
+from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
 
 WIDTHS = (1, 2, 4)
 PROMPT = "def read_config(path):\n    with open(path) as f:\n"
@@ -131,8 +131,7 @@ def main() -> int:
         print(name, json.dumps(row), flush=True)
     result = {"command": "python bench/cpu_fusions.py " + " ".join(sys.argv[1:]),
               "date": datetime.date.today().isoformat(),
-              "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                         cwd=ROOT).stdout.strip(),
+              "revision": git_revision(),
               "model": args.model, "reps": args.reps, "threads": args.threads, "libraries": libraries,
               "draft_tokens": args.draft_tokens,
               "forward_ms": rows}

@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import ops.rewrite  # noqa: E402
 from cpu_fusions import session_setting  # noqa: E402  (a variant's library while its sessions are made)
 from driver import Generator  # noqa: E402
+from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
 
 ORT_ATTENTION = tuple(k for k in ops.rewrite.REWRITES if k not in (ops.rewrite.ATTENTION, ops.rewrite.GATED_ATTENTION))
 
@@ -82,8 +82,7 @@ def main() -> int:
     rows = measure(args.model, lengths, args.new_tokens, args.reps, args.threads, libraries)
     result = {"command": "python bench/cpu_long_context.py " + " ".join(sys.argv[1:]),
               "date": datetime.date.today().isoformat(),
-              "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                         cwd=ROOT).stdout.strip(),
+              "revision": git_revision(),
               "model": args.model, "threads": args.threads, "new_tokens": args.new_tokens, "reps": args.reps,
               "libraries": libraries, "variants": rows}
     if args.out:

@@ -18,7 +18,6 @@ import collections
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,6 +29,7 @@ import onnxruntime as ort  # noqa: E402
 
 import driver.sessions as sessions  # noqa: E402
 from driver import Generator  # noqa: E402
+from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
 
 PROMPT = list(range(3, 35))
 
@@ -128,8 +128,7 @@ def main() -> int:
     model = Path(args.model)
     result = {"command": "python bench/cpu_op_profile.py " + " ".join(sys.argv[1:]),
               "date": datetime.date.today().isoformat(),
-              "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                         cwd=ROOT).stdout.strip(),
+              "revision": git_revision(),
               "library": os.environ.get("ORT_MTP_LIBRARY", "installed"), "onnxruntime": ort.__version__,
               "greedy": op_profile(model, args.new_tokens, args.threads),
               "mtp": round_profile(model, args.new_tokens, args.threads),

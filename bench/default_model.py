@@ -16,7 +16,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 import sysconfig
 from pathlib import Path
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.defaults import TRAINED_FOLDER  # noqa: E402
+from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
 
 PROMPTS = TRAINED_FOLDER / "heldout_prompts.json"
 PASSES = 3
@@ -106,8 +106,7 @@ def main() -> int:
         return 0
     result = {"command": "python bench/default_model.py " + " ".join(sys.argv[1:]),
               "date": datetime.date.today().isoformat(),
-              "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                         cwd=ROOT).stdout.strip(),
+              "revision": git_revision(),
               "new_tokens": args.new_tokens, "threads": args.threads, **measure(args.new_tokens, args.threads)}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

@@ -15,7 +15,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ops.gated_delta_net as gdn  # noqa: E402
-from cpu import session  # noqa: E402  (bench/cpu.py: a CPU session with the library registered)
+from cpu import git_revision, session  # noqa: E402  (bench/cpu.py: a CPU session with the library registered)
 
 WIDTHS = (1, 2, 4, 32)
 
@@ -67,8 +66,7 @@ def main() -> int:
               flush=True)
     result = {"command": "python bench/gated_delta_net_cpu.py " + " ".join(sys.argv[1:]),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "revision": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                         text=True).stdout.strip(),
+              "revision": git_revision(),
               "library": os.environ.get("ORT_MTP_LIBRARY", "installed"), "onnxruntime": ort.__version__,
               "threads": args.threads, "shape": {"hk": 8, "hv": 16, "dk": 64, "dv": 64, "kernel": 4, "dtype": "float32"},
               "rows": rows}

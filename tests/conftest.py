@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -42,6 +44,25 @@ def cpu_session(library_path):
         return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
     return make
+
+
+@pytest.fixture(scope="session")
+def rerun_on_reference_kernels(library_path):
+    """rerun_on_reference_kernels(test_file, selection): runs the tests of `test_file` that `-k selection`
+    picks in a new process with ORT_MTP_CPU_KERNEL=reference (the CPU kernels' double references, which
+    a process picks once), and asserts they ran and passed: how a module holds both a fast kernel and
+    its reference to its tests."""
+
+    def run(test_file: str, selection: str) -> None:
+        here = Path(test_file).resolve()
+        env = dict(os.environ, ORT_MTP_CPU_KERNEL="reference", ORT_MTP_LIBRARY=library_path)
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here),
+                              "-k", selection], env=env, cwd=here.parents[1], capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+        assert " passed" in out.stdout and "failed" not in out.stdout, out.stdout[-2000:]
+
+    return run
 
 
 class _Terminal(io.StringIO):

@@ -25,9 +25,6 @@ Tolerances, u_T the unit roundoff of T (2^-24 float32, 2^-11 float16, 2^-8 bfloa
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -165,17 +162,11 @@ def test_reference_is_hugging_face_qwen3_5():
 
 
 @pytest.mark.skipif(REFERENCE_KERNEL, reason="this process runs the reference kernel already")
-def test_reference_kernel_passes_this_module(library_path):
+def test_reference_kernel_passes_this_module(rerun_on_reference_kernels):
     """ORT_MTP_CPU_KERNEL=reference (read once per process) runs the double reference kernel: this
     module's arithmetic tests, rerun in a process that picks it, hold it to its own, stricter bound
     against the float64 reference, and to the same width and thread-count identities."""
-    here = Path(__file__).resolve()
-    env = dict(os.environ, ORT_MTP_CPU_KERNEL="reference", ORT_MTP_LIBRARY=library_path)
-    tests = "matches_reference or attributes_reach or matches_ort or window_slots or width_s or present_bound"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here), "-k", tests],
-                         env=env, cwd=here.parents[1], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert " passed" in out.stdout and "failed" not in out.stdout, out.stdout[-2000:]
+    rerun_on_reference_kernels(__file__, "matches_reference or attributes_reach or matches_ort or window_slots or width_s or present_bound")
 
 
 # ------------------------------------------------------------------------------------------------

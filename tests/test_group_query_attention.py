@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -108,17 +105,11 @@ def test_long_rows_match_reference(past, extra, dtype, cpu_session):
 
 
 @pytest.mark.skipif(REFERENCE_KERNEL, reason="this process runs the reference kernel already")
-def test_reference_kernel_passes_this_module(library_path):
+def test_reference_kernel_passes_this_module(rerun_on_reference_kernels):
     """ORT_MTP_CPU_KERNEL=reference (read once per process) runs the double reference attention: this
     module's arithmetic tests, rerun in a process that picks it, hold it to the same bounds and width and
     thread-count identities."""
-    here = Path(__file__).resolve()
-    env = dict(os.environ, ORT_MTP_CPU_KERNEL="reference", ORT_MTP_LIBRARY=library_path)
-    tests = "matches_reference or long_rows or width_s or present_bound or past_the_call"
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here), "-k", tests],
-                         env=env, cwd=here.parents[1], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
-    assert " passed" in out.stdout and "failed" not in out.stdout, out.stdout[-2000:]
+    rerun_on_reference_kernels(__file__, "matches_reference or long_rows or width_s or present_bound or past_the_call")
 
 
 def test_positions_past_the_call_are_zero_and_never_read(cpu_session):
