@@ -38,40 +38,21 @@ inline float Fold16(float* lane) {
   return lane[0];
 }
 
-// The query rows of one head that share a pass over the cache: a prefill chunk's rows read each key and
-// value once per kRows rows rather than once per row. A row's arithmetic is the same whichever group it
-// is in (R = 1 or kRows below): the blocking only changes which loads are shared.
-constexpr int kRows = 4;
-
-// Where R query rows sit in a pass over positions lo .. hi: row r sees [first[r], last[r]] and keeps its
-// values at row(r) + (j - first[r]) of a buffer with `stride` floats per row.
-struct RowSpans {
-  int64_t lo, hi, stride;
-  int64_t first[kRows], last[kRows];
-  bool sees(int r, int64_t j) const { return first[r] <= j && j <= last[r]; }
-  int64_t at(int r, int64_t j) const { return r * stride + (j - first[r]); }
-};
-
-// scores at(r, j) = softcap'd (scale * q_r . k_j) for every position j row r sees, the dot product in 16
-// lanes (feature i in lane i % 16, ascending), folded in a fixed tree; q: R rows of H floats.
-template <typename T, int R>
-ORT_MTP_GQA_CLONES void Scores(const float* q, const T* keys, int64_t H, const RowSpans& rows, float scale,
-                               float softcap, float* scores) {
-  for (int64_t j = rows.lo; j <= rows.hi; ++j) {
+// scores[j] = softcap'd (scale * q . k_j) for the `count` positions from `keys` (H values each): the dot
+// product in 16 lanes (feature i in lane i % 16, ascending), folded in a fixed tree.
+template <typename T>
+ORT_MTP_GQA_CLONES void Scores(const float* q, const T* keys, int64_t H, int64_t count, float scale, float softcap,
+                               float* scores) {
+  for (int64_t j = 0; j < count; ++j) {
     const T* k = keys + j * H;
-    float lane[R][kLanes] = {};
+    float lane[kLanes] = {};
     int64_t i = 0;
     for (; i + kLanes <= H; i += kLanes)
-      for (int r = 0; r < R; ++r)
-        for (int l = 0; l < kLanes; ++l) lane[r][l] += q[r * H + i + l] * ToFloat(k[i + l]);
-    for (int l = 0; i < H; ++i, ++l)
-      for (int r = 0; r < R; ++r) lane[r][l] += q[r * H + i] * ToFloat(k[i]);
-    for (int r = 0; r < R; ++r) {
-      if (!rows.sees(r, j)) continue;
-      float x = Fold16(lane[r]) * scale;
-      if (softcap > 0.f) x = softcap * std::tanh(x / softcap);
-      scores[rows.at(r, j)] = x;
-    }
+      for (int l = 0; l < kLanes; ++l) lane[l] += q[i + l] * ToFloat(k[i + l]);
+    for (int l = 0; i < H; ++i, ++l) lane[l] += q[i] * ToFloat(k[i]);
+    float x = Fold16(lane) * scale;
+    if (softcap > 0.f) x = softcap * std::tanh(x / softcap);
+    scores[j] = x;
   }
 }
 
@@ -87,20 +68,14 @@ ORT_MTP_GQA_CLONES float Exponentials(float* scores, int64_t count, float max, f
   return Fold16(lane);
 }
 
-// acc[r H + i] = sum_j weights at(r, j) values_j[i] over the positions row r sees, in ascending order,
-// every feature i its own sum.
-template <typename T, int R>
-ORT_MTP_GQA_CLONES void WeightedSum(const float* weights, const T* values, int64_t H, const RowSpans& rows,
-                                    float* acc) {
-  for (int64_t i = 0; i < R * H; ++i) acc[i] = 0.f;
-  for (int64_t j = rows.lo; j <= rows.hi; ++j) {
+// acc[i] = sum_j weights[j] values_j[i], positions in ascending order, every feature i its own sum.
+template <typename T>
+ORT_MTP_GQA_CLONES void WeightedSum(const float* weights, const T* values, int64_t H, int64_t count, float* acc) {
+  for (int64_t i = 0; i < H; ++i) acc[i] = 0.f;
+  for (int64_t j = 0; j < count; ++j) {
+    const float w = weights[j];
     const T* v = values + j * H;
-    for (int r = 0; r < R; ++r) {
-      if (!rows.sees(r, j)) continue;
-      const float w = weights[rows.at(r, j)];
-      float* a = acc + r * H;
-      for (int64_t i = 0; i < H; ++i) a[i] += w * ToFloat(v[i]);
-    }
+    for (int64_t i = 0; i < H; ++i) acc[i] += w * ToFloat(v[i]);
   }
 }
 
@@ -108,53 +83,31 @@ template <typename T>
 struct Kernel {
   const GroupQueryAttentionProblem& p;
 
-  // Task (b, q head): the call's S query rows of that head, in groups of kRows (then one at a time).
+  // Task (b, q head): the call's S query rows of that head, each on its own.
   void Attend(int64_t task) {
-    int64_t s = 0;
-    for (; s + kRows <= p.seq; s += kRows) Rows<kRows>(task, s);
-    for (; s < p.seq; ++s) Rows<1>(task, s);
-  }
-
-  // Rows s0 .. s0 + R - 1 of task (b, q head), each computed on its own from its position.
-  template <int R>
-  void Rows(int64_t task, int64_t s0) {
     const int64_t b = task / p.num_heads, h = task % p.num_heads, H = p.head_size;
     const int64_t past = static_cast<int64_t>(p.seqlens_k[b]) + 1 - p.seq;
     const int64_t kvh = h / (p.num_heads / p.kv_num_heads);
     const T* keys = static_cast<const T*>(p.present_key) + (b * p.kv_num_heads + kvh) * p.present_len * H;
     const T* values = static_cast<const T*>(p.present_value) + (b * p.kv_num_heads + kvh) * p.present_len * H;
-    RowSpans rows{};
-    for (int r = 0; r < R; ++r) {
-      const int64_t last = past + s0 + r;  // the row's own position: it sees [first, last]
+    thread_local std::vector<float> scores, q, acc;  // a task's only allocations, once per thread
+    q.resize(static_cast<size_t>(H));
+    acc.resize(static_cast<size_t>(H));
+    for (int64_t s = 0; s < p.seq; ++s) {
+      const int64_t last = past + s;  // the row's own position: it sees [first, last]
       int64_t first = 0;
       if (p.local_window > 0 && last + 1 > p.local_window) first = last + 1 - p.local_window;
-      rows.first[r] = first;
-      rows.last[r] = last;
-    }
-    rows.lo = rows.first[0];  // first and last grow with the row
-    rows.hi = rows.last[R - 1];
-    rows.stride = rows.hi - rows.lo + 1;
-    thread_local std::vector<float> scores, q, acc;  // a task's only allocations, once per thread
-    q.resize(static_cast<size_t>(R * H));
-    acc.resize(static_cast<size_t>(R * H));
-    scores.resize(static_cast<size_t>(R * rows.stride));
-    for (int r = 0; r < R; ++r) {
-      const T* qs = static_cast<const T*>(p.query) + ((b * p.seq + s0 + r) * p.num_heads + h) * H;
-      for (int64_t i = 0; i < H; ++i) q[r * H + i] = ToFloat(qs[i]);
-    }
-    Scores<T, R>(q.data(), keys, H, rows, p.scale, p.softcap, scores.data());
-    float sum[R];
-    for (int r = 0; r < R; ++r) {
-      float* row_scores = scores.data() + rows.at(r, rows.first[r]);
-      const int64_t count = rows.last[r] - rows.first[r] + 1;
+      const int64_t count = last - first + 1;
+      const T* qs = static_cast<const T*>(p.query) + ((b * p.seq + s) * p.num_heads + h) * H;
+      for (int64_t i = 0; i < H; ++i) q[i] = ToFloat(qs[i]);
+      scores.resize(static_cast<size_t>(count));
+      Scores<T>(q.data(), keys + first * H, H, count, p.scale, p.softcap, scores.data());
       float max = p.smooth_softmax ? 0.f : -INFINITY;
-      for (int64_t j = 0; j < count; ++j) max = std::max(max, row_scores[j]);
-      sum[r] = Exponentials(row_scores, count, max, p.smooth_softmax ? silu::Exp(-max) : 0.f);
-    }
-    WeightedSum<T, R>(scores.data(), values, H, rows, acc.data());
-    for (int r = 0; r < R; ++r) {
-      T* o = static_cast<T*>(p.output) + ((b * p.seq + s0 + r) * p.num_heads + h) * H;
-      for (int64_t i = 0; i < H; ++i) o[i] = FromFloat<T>(acc[r * H + i] / sum[r]);
+      for (int64_t j = 0; j < count; ++j) max = std::max(max, scores[j]);
+      const float sum = Exponentials(scores.data(), count, max, p.smooth_softmax ? silu::Exp(-max) : 0.f);
+      WeightedSum<T>(scores.data(), values + first * H, H, count, acc.data());
+      T* o = static_cast<T*>(p.output) + ((b * p.seq + s) * p.num_heads + h) * H;
+      for (int64_t i = 0; i < H; ++i) o[i] = FromFloat<T>(acc[i] / sum);
     }
   }
 };
