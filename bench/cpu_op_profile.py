@@ -49,8 +49,8 @@ def _profiled_runs(model: Path, new_tokens: int, threads: int, draft_tokens: int
 
     sessions.ort.SessionOptions = Profiling
     try:
-        gen = Generator(model, provider="cpu", mode="mtp" if draft_tokens else "greedy", max_length=256,
-                        threads=threads)
+        gen = Generator(model, provider="cpu", mode="mtp" if draft_tokens else "greedy",
+                        draft_tokens=max(draft_tokens, 1), max_length=256, threads=threads)
     finally:
         sessions.ort.SessionOptions = real
     result = gen.generate(PROMPT, new_tokens, draft_tokens=max(draft_tokens, 1), stop_at_eos=False)
@@ -108,9 +108,10 @@ def width_profile(model: Path, new_tokens: int, threads: int, draft_tokens: int)
 
 
 def round_profile(model: Path, new_tokens: int, threads: int) -> dict:
-    gen = Generator(model, provider="cpu", mode="mtp", max_length=256, threads=threads, profile=True)
     out = {}
-    for k in (1, 2, 3):
+    for k in (1, 2, 3):  # a Generator per k, as the CLI makes one (its state window: k + 1 slots)
+        gen = Generator(model, provider="cpu", mode="mtp", draft_tokens=k, max_length=256, threads=threads,
+                        profile=True)
         gen.generate(PROMPT, 8, draft_tokens=k, stop_at_eos=False)
         s = gen.generate(PROMPT, new_tokens, draft_tokens=k, stop_at_eos=False).stats.as_dict()
         out[f"mtp_k{k}"] = {"tok_s": s["tokens_per_second"], "acceptance": s["acceptance"],
