@@ -96,9 +96,9 @@ def measure(model: str, reps: int, threads: int, variants: list[str], libraries:
     times = {(name, w): [] for name in gens for w in WIDTHS}
     names = list(gens)
     for rep in range(reps):
-        # Every other turn in reverse order, so that no variant is always timed first. Even so, two names
-        # for one build differed by 2% at width 1 (2-core EPYC, 2026-12-05, two runs: the first-made
-        # session the slower): differences between variants of that size are not the variants'.
+        # Every other turn in reverse order, so that no variant is always timed first. That does not make
+        # sessions of one build equal: time one build under two names (--library a=P --library b=P) to
+        # see how large a difference between variants means nothing on the machine at hand.
         order = names if rep % 2 == 0 else names[::-1]
         for w in WIDTHS:
             for name in order:

@@ -21,3 +21,22 @@ device_library() {
   { cmake -S . -B "$build" -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
       && timeout "${BUILD_TIMEOUT:-400}" ninja -C "$build"; } >> "$log" 2>&1
 }
+
+# device_run_start NAME: the opening the pending device scripts (bench/results/*/run.sh) share. Results go
+# to R=/tmp/r/NAME; `st TEXT` logs a step with the seconds since the start ($R/steps.log); `pack` puts
+# $R into $OUT/r.tgz (what comes back, so call it after every step); the GPU's clocks go to $R/gpu.txt;
+# the tiles layout's cache to /tmp/tiles-cache; then the library (device_library /tmp/b): if neither the
+# carried one loads nor a build succeeds, the build log's tail is printed, packed, and the script exits.
+device_run_start() {
+  R=/tmp/r/$1
+  RUN_NAME=$1
+  mkdir -p "$R"
+  T0=$(date +%s)
+  st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$R/steps.log"; }
+  pack() { tar -C /tmp/r -czf "$OUT/r.tgz" "$RUN_NAME"; }
+  export ORT_MTP_CACHE_DIR=/tmp/tiles-cache
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv \
+    > "$R/gpu.txt" 2>&1
+  st library
+  device_library /tmp/b "$R/build.log" || { tail -40 "$R/build.log"; pack; exit 1; }
+}

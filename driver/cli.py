@@ -78,12 +78,10 @@ def build_parser() -> Parser:
 
 
 # --mode auto: MTP where the folder has an MTP head, with the draft count measured fastest on each
-# provider; greedy for a folder without a head. On CUDA a verify costs little more than a decode step
-# (README, "Measured so far"). On a CPU (2 cores) MTP k=1 was the fastest mode on the small preset (357
-# MB: bench/results/2026-12-05-cpu-window-in-memory, 1.38x greedy) and, since the float32 attention and
-# Gated DeltaNet kernels and the window added in memory, on the 16 MB default model too, whose forward
-# is mostly fixed per-node overhead (bench/results/2026-12-05-gqa-cpu-fast: 2-3% ahead of greedy in two
-# runs; before them greedy was the faster mode there).
+# provider; greedy for a folder without a head. On CUDA a verify costs little more than a decode step,
+# so k=3 pays (README, "Measured so far"). On a CPU k=1 was the fastest mode on the small preset and on
+# the 16 MB default model, whose forward is mostly fixed per-node overhead
+# (bench/results/2026-12-05-cpu-window-in-memory, bench/results/2026-12-05-gqa-cpu-fast).
 AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
 AUTO_MODE_HELP = "mtp where the folder has an MTP head (k=1 on cpu, 3 on cuda), else greedy"
 

@@ -9,14 +9,8 @@
 # carried in .devlib when it loads, else built here (bench/device_library.sh). Results: $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1
-R=/tmp/r/t; mkdir -p $R; T0=$(date +%s)
-st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a $R/steps.log; }
-pack() { tar -C /tmp/r -czf $OUT/r.tgz t; }
-export ORT_MTP_CACHE_DIR=/tmp/tiles-cache
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv > $R/gpu.txt 2>&1
 source bench/device_library.sh
-st library
-device_library /tmp/b $R/build.log || { tail -40 $R/build.log; pack; exit 1; }
+device_run_start t  # R, st, pack, the GPU's clocks, the library
 st gated-delta-net group with the trigger
 ORT_MTP_GDN_FINISH_TRIGGER=1 timeout 90 python3 -m pytest tests/gpu -k "gated-delta-net and not cols" -v -rA --gpu-logs $R/group_logs \
   > $R/group.log 2>&1; echo "group rc $?" | tee -a $R/steps.log

@@ -7,15 +7,10 @@
 # carried in .devlib when it loads, else built here (bench/device_library.sh). Results come back as $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1
-R=/tmp/r/n; mkdir -p $R; T0=$(date +%s)
-st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a $R/steps.log; }
-pack() { tar -C /tmp/r -czf $OUT/r.tgz n; }
 # ORT_MTP_SKIP_NORM_CUDA=1: the CUDA kernel is registered only on request until this run has checked it.
-export ORT_MTP_CACHE_DIR=/tmp/tiles-cache ORT_MTP_SKIP_NORM_CUDA=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv > $R/gpu.txt 2>&1
+export ORT_MTP_SKIP_NORM_CUDA=1
 source bench/device_library.sh
-st library
-device_library /tmp/b $R/build.log || { tail -40 $R/build.log; pack; exit 1; }
+device_run_start n  # R, st, pack, the GPU's clocks, the library
 st skip-norm group
 timeout 100 python3 -m pytest tests/gpu -k "skip-norm" -v -rA --gpu-logs $R/group_logs > $R/group.log 2>&1; echo "group rc $?" | tee -a $R/steps.log
 grep -hE "^(ok|FAIL)" $R/group_logs/*.log | cut -c1-250

@@ -9,14 +9,8 @@
 # (bench/device_library.sh). Results come back as $OUT/r.tgz.
 set -u
 export PYTHONUNBUFFERED=1
-R=/tmp/r/w; mkdir -p $R; T0=$(date +%s)
-st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a $R/steps.log; }
-pack() { tar -C /tmp/r -czf $OUT/r.tgz w; }
-export ORT_MTP_CACHE_DIR=/tmp/tiles-cache
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv > $R/gpu.txt 2>&1
 source bench/device_library.sh
-st library
-device_library /tmp/b $R/build.log || { tail -40 $R/build.log; pack; exit 1; }
+device_run_start w  # R, st, pack, the GPU's clocks, the library
 st driver check
 timeout 150 python3 bench/driver_cuda_check.py run --presets tiny,small --fixtures /tmp/no-genai-fixtures --out $R \
   > $R/driver_check.log 2>&1; echo "driver check rc $?" | tee -a $R/steps.log
