@@ -177,6 +177,20 @@ def bench_e2e(folder: str, args) -> dict:
     return out
 
 
+def run_record(**fields) -> dict:
+    """The opening of a CPU bench script's result: the command as run (python bench/<script> <args>),
+    today's date and the revision (git_revision), then `fields`."""
+    return {"command": " ".join(["python", "bench/" + Path(sys.argv[0]).name] + sys.argv[1:]),
+            "date": datetime.date.today().isoformat(), "revision": git_revision(), **fields}
+
+
+def write_result(result: dict, out) -> None:
+    """Writes `result` as JSON to `out` (a path; None: nowhere) and says so."""
+    if out:
+        Path(out).write_text(json.dumps(result, indent=1))
+        print(f"wrote {out}")
+
+
 def git_revision() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()

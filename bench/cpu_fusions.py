@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
 import statistics
@@ -40,7 +39,7 @@ import onnxruntime as ort  # noqa: E402
 import driver.device  # noqa: E402
 import ops.rewrite  # noqa: E402
 from driver import Generator  # noqa: E402
-from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
+from cpu import run_record, write_result  # noqa: E402  (bench/cpu.py: a result's opening, its file)
 
 WIDTHS = (1, 2, 4)
 PROMPT = "def read_config(path):\n    with open(path) as f:\n"
@@ -129,15 +128,8 @@ def main() -> int:
     rows = measure(args.model, args.reps, args.threads, variants, libraries, args.draft_tokens)
     for name, row in rows.items():
         print(name, json.dumps(row), flush=True)
-    result = {"command": "python bench/cpu_fusions.py " + " ".join(sys.argv[1:]),
-              "date": datetime.date.today().isoformat(),
-              "revision": git_revision(),
-              "model": args.model, "reps": args.reps, "threads": args.threads, "libraries": libraries,
-              "draft_tokens": args.draft_tokens,
-              "forward_ms": rows}
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    write_result(run_record(model=args.model, reps=args.reps, threads=args.threads, libraries=libraries,
+                            draft_tokens=args.draft_tokens, forward_ms=rows), args.out)
     return 0
 
 

@@ -16,8 +16,6 @@ attends over L positions in each full-attention layer: where that attention is s
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +27,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import ops.rewrite  # noqa: E402
 from cpu_fusions import session_setting  # noqa: E402  (a variant's library while its sessions are made)
 from driver import Generator  # noqa: E402
-from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
+from cpu import run_record, write_result  # noqa: E402  (bench/cpu.py: a result's opening, its file)
 
 ORT_ATTENTION = tuple(k for k in ops.rewrite.REWRITES if k not in (ops.rewrite.ATTENTION, ops.rewrite.GATED_ATTENTION))
 
@@ -80,14 +78,8 @@ def main() -> int:
     libraries = dict(item.split("=", 1) for item in args.library)
     lengths = [int(x) for x in args.lengths.split(",") if x]
     rows = measure(args.model, lengths, args.new_tokens, args.reps, args.threads, libraries)
-    result = {"command": "python bench/cpu_long_context.py " + " ".join(sys.argv[1:]),
-              "date": datetime.date.today().isoformat(),
-              "revision": git_revision(),
-              "model": args.model, "threads": args.threads, "new_tokens": args.new_tokens, "reps": args.reps,
-              "libraries": libraries, "variants": rows}
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
-        print(f"wrote {args.out}")
+    write_result(run_record(model=args.model, threads=args.threads, new_tokens=args.new_tokens, reps=args.reps,
+                            libraries=libraries, variants=rows), args.out)
     return 0
 
 

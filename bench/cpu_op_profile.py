@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime
 import json
 import os
 import sys
@@ -29,7 +28,7 @@ import onnxruntime as ort  # noqa: E402
 
 import driver.sessions as sessions  # noqa: E402
 from driver import Generator  # noqa: E402
-from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
+from cpu import run_record  # noqa: E402  (bench/cpu.py: a result's opening)
 
 PROMPT = list(range(3, 35))
 
@@ -127,13 +126,10 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="JSON file (default: print only)")
     args = ap.parse_args()
     model = Path(args.model)
-    result = {"command": "python bench/cpu_op_profile.py " + " ".join(sys.argv[1:]),
-              "date": datetime.date.today().isoformat(),
-              "revision": git_revision(),
-              "library": os.environ.get("ORT_MTP_LIBRARY", "installed"), "onnxruntime": ort.__version__,
-              "greedy": op_profile(model, args.new_tokens, args.threads),
-              "mtp": round_profile(model, args.new_tokens, args.threads),
-              "mtp_k1_by_width": width_profile(model, args.new_tokens, args.threads, 1)}
+    result = run_record(library=os.environ.get("ORT_MTP_LIBRARY", "installed"), onnxruntime=ort.__version__,
+                        greedy=op_profile(model, args.new_tokens, args.threads),
+                        mtp=round_profile(model, args.new_tokens, args.threads),
+                        mtp_k1_by_width=width_profile(model, args.new_tokens, args.threads, 1))
     text = json.dumps(result, indent=1)
     if args.out:
         Path(args.out).write_text(text)

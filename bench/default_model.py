@@ -13,7 +13,6 @@ text the model never trained on. Acceptance = accepted drafts / drafts; tokens p
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import statistics
 import sys
@@ -24,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.defaults import TRAINED_FOLDER  # noqa: E402
-from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, marked -dirty if the tree is)
+from cpu import run_record, write_result  # noqa: E402  (bench/cpu.py: a result's opening, its file)
 
 PROMPTS = TRAINED_FOLDER / "heldout_prompts.json"
 PASSES = 3
@@ -104,12 +103,8 @@ def main() -> int:
         PROMPTS.write_text(json.dumps(prompts, indent=1))
         print(f"wrote {len(prompts)} prompts to {PROMPTS}")
         return 0
-    result = {"command": "python bench/default_model.py " + " ".join(sys.argv[1:]),
-              "date": datetime.date.today().isoformat(),
-              "revision": git_revision(),
-              "new_tokens": args.new_tokens, "threads": args.threads, **measure(args.new_tokens, args.threads)}
-    Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out}")
+    write_result(run_record(new_tokens=args.new_tokens, threads=args.threads,
+                            **measure(args.new_tokens, args.threads)), args.out)
     return 0
 
 
