@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import ops  # noqa: E402
+from driver.device import FORCE_SPINNING_STOP  # noqa: E402
 from ops import nbits  # noqa: E402
 
 SHAPES = [(1024, 1024), (4096, 1024), (1024, 4096)]  # (N, K): out x in
@@ -78,6 +79,11 @@ def session(model, threads: int) -> ort.InferenceSession:
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.log_severity_level = 3
+    # One process holds several of these sessions, each with its own thread pool, timed one after the
+    # other: without this the idle ones' threads keep spinning after their runs and take the cores the
+    # timed one runs on (as in the driver: driver/device.py). On 2 cores that made a 2 MB matmul take
+    # 2.5x its time at M=1, and the M-scaling figures noise.
+    so.add_session_config_entry(FORCE_SPINNING_STOP, "1")
     so.register_custom_ops_library(ops.library_path())
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
