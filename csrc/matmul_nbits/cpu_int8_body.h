@@ -118,101 +118,6 @@ ORT_MTP_TARGET void Int8Tile(const Int8Job& j, int64_t g, int64_t m0, const Grou
   }
 }
 
-// Rows m0 .. m0 + R - 1 of two groups, g and g + 1, in the kCpuGroups layout, where a vector holds a
-// whole unit (V::kLanes == kUnitLanes, AVX-512). Each lane's arithmetic is Int8Tile's, in its order (the
-// same bits); what changes is that each broadcast of A's bytes feeds both groups' products, so a row
-// costs fewer instructions per weight. That matters where rows, not bytes, set the time: a verify's
-// 2..5 rows on a CPU of few cores (bench/results/2026-12-05-cpu-matmul-no-spin).
-template <int R, int kZp, int kType, int kSeg>
-ORT_MTP_TARGET void Int8TilePair(const Int8Job& j, int64_t g, int64_t m0) {
-  static_assert(R > 0 && V::kLanes == kUnitLanes, "a unit's lanes in one vector");
-  constexpr int NV = kSeg / 8;
-  constexpr int CK = kSegments * kSeg;
-  const MatMulNBitsProblem& p = *j.p;
-  const GroupUnits none;
-  typename V::F acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V::Set1(0.f);
-  for (int64_t c = 0; c < j.chunks; ++c) {
-    const UnitPtrs u[2] = {FindUnit<kSeg>(j, g, c, none), FindUnit<kSeg>(j, g + 1, c, none)};
-    typename V::F sw[2];
-    [[maybe_unused]] typename Q::I zpi[2];
-    [[maybe_unused]] typename V::F zpf[2];
-    typename Q::I d[R][2];
-    for (int i = 0; i < 2; ++i) {
-      sw[i] = LoadLanes<kType>(u[i].scales, 0);
-      if constexpr (kZp == 1) zpi[i] = Q::LoadU8Lanes(static_cast<const uint8_t*>(u[i].zp));
-      if constexpr (kZp == 2) zpf[i] = LoadLanes<kType>(u[i].zp, 0);
-    }
-    for (int r = 0; r < R; ++r) {
-      const typename Q::I ls = Q::Bcast128(j.lane_sum + ((m0 + r) * j.chunks + c) * kSegments);
-      for (int i = 0; i < 2; ++i) {
-        if constexpr (kZp == 0) {
-          d[r][i] = ls;
-        } else if constexpr (kZp == 1) {
-          d[r][i] = Q::MulLo(zpi[i], ls);
-        } else {
-          d[r][i] = Q::Zero();
-        }
-      }
-    }
-    for (int v = 0; v < NV; ++v) {
-      typename Q::I lo[2], hi[2];
-      for (int i = 0; i < 2; ++i) {
-        const typename Q::I x = Q::LoadBytes(u[i].b + 64 * v);
-        lo[i] = Q::Lo(x);
-        hi[i] = Q::Hi(x);
-      }
-      for (int r = 0; r < R; ++r) {
-        const int8_t* qa = j.qa + ((m0 + r) * j.chunks + c) * CK + 32 * v;
-        const typename Q::I qe = Q::Bcast128(qa), qo = Q::Bcast128(qa + 16);
-        for (int i = 0; i < 2; ++i) d[r][i] = Q::Dot(d[r][i], lo[i], qe, hi[i], qo);
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      const int64_t at = (m0 + r) * j.chunks + c;
-      const typename V::F sa = V::Bcast4(j.lane_scale + at * kSegments);
-      for (int i = 0; i < 2; ++i) {
-        typename V::F f = Q::Cvt(d[r][i]);
-        if constexpr (kZp == 2) f = V::Fma(zpf[i], Q::Cvt(Q::Bcast128(j.lane_sum + at * kSegments)), f);
-        acc[r][i] = V::Fma(f, V::Mul(sw[i], sa), acc[r][i]);
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    for (int i = 0; i < 2; ++i) {
-      alignas(64) float lanes[kUnitLanes];
-      V::Storeu(lanes, acc[r][i]);
-      for (int col = 0; col < kGroupCols; ++col) {
-        const int64_t n = (g + i) * kGroupCols + col;
-        if (n >= p.N) break;
-        const float* l = lanes + kSegments * col;
-        float y = (l[0] + l[1]) + (l[2] + l[3]);
-        if (p.bias) y += LoadScalar<kType>(p.bias, n);
-        StoreY<kType>(p.y, (m0 + r) * p.N + n, y);
-      }
-    }
-  }
-}
-
-// All M rows of groups g and g + 1 (Int8TilePair's case), in tiles of kPairRows rows, then one of the rest.
-constexpr int kPairRows = 4;  // 4 rows x 2 groups of int32 sums and of float sums: 16 of the 32 registers
-
-template <int R, int kZp, int kType, int kSeg>
-ORT_MTP_TARGET void Int8PairRest(const Int8Job& j, int64_t g, int64_t m0, int rows) {
-  if (rows == R) {
-    Int8TilePair<R, kZp, kType, kSeg>(j, g, m0);
-  } else if constexpr (R > 1) {
-    Int8PairRest<R - 1, kZp, kType, kSeg>(j, g, m0, rows);
-  }
-}
-
-template <int kZp, int kType, int kSeg>
-ORT_MTP_TARGET void Int8GroupPair(const Int8Job& j, int64_t g) {
-  int64_t m = 0;
-  for (; m + kPairRows <= j.p->M; m += kPairRows) Int8TilePair<kPairRows, kZp, kType, kSeg>(j, g, m);
-  if (m < j.p->M) Int8PairRest<kPairRows - 1, kZp, kType, kSeg>(j, g, m, static_cast<int>(j.p->M - m));
-}
-
 // The last `rows` (< Q::kRows) rows of group g in one tile.
 template <int R, int kZp, int kType, int kSeg>
 ORT_MTP_TARGET void Int8Rest(const Int8Job& j, int64_t g, int64_t m0, int rows, const GroupUnits& local) {
@@ -253,18 +158,9 @@ ORT_MTP_TARGET void Int8Group(const Int8Job& j, int64_t g) {
   if (m < M) Int8Rest<R - 1, kZp, kType, kSeg>(j, g, m, static_cast<int>(M - m), local);
 }
 
-// Groups g_begin .. g_end - 1. In the kCpuGroups layout on AVX-512, two groups at a time for up to
-// kPairMaxRows rows (Int8TilePair; the same bits as one at a time); otherwise one at a time.
-constexpr int64_t kPairMinRows = 3, kPairMaxRows = 8;
-
 template <int kZp, int kType, int kSeg>
 ORT_MTP_TARGET void Int8GroupRange(const Int8Job& j, int64_t g_begin, int64_t g_end) {
-  int64_t g = g_begin;
-  if constexpr (V::kLanes == kUnitLanes) {
-    if (j.p->layout == WeightLayout::kCpuGroups && j.p->M >= kPairMinRows && j.p->M <= kPairMaxRows && PairsWanted())
-      for (; g + 2 <= g_end; g += 2) Int8GroupPair<kZp, kType, kSeg>(j, g);
-  }
-  for (; g < g_end; ++g) Int8Group<kZp, kType, kSeg>(j, g);
+  for (int64_t g = g_begin; g < g_end; ++g) Int8Group<kZp, kType, kSeg>(j, g);
 }
 
 // A (widened to float32, [M, kp], zeros past K) -> the quantised rows of Int8Job (the definition's

@@ -393,15 +393,6 @@ void RangesOverTasks(const Isa& isa, const Job& job, ParallelFor parallel_for, v
 }
 
 #if ORT_MTP_CPU_X86
-// EXPERIMENT: ORT_MTP_CPU_PAIRS=0 turns Int8TilePair off.
-inline bool PairsWanted() {
-  static const bool on = [] {
-    const char* v = std::getenv("ORT_MTP_CPU_PAIRS");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
-}
-
 struct FastJob {
   const MatMulNBitsProblem* p;
   const float* a;  // A widened to float32, [M, kp], zeros past K
