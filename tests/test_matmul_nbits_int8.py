@@ -190,7 +190,7 @@ def test_the_grouped_copy_is_made_where_it_applies(library_path, monkeypatch, ca
         model = nbits.single_node_model(w, domain="ort_mtp", accuracy_level=accuracy_level, node_name="mm")
         capfd.readouterr()
         ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return "MatMulNBits node 'mm': the CPU int8 kernel reads its own grouped copy" in capfd.readouterr().err
+        return "MatMulNBits node 'mm': the CPU int8 kernel reads a grouped copy" in capfd.readouterr().err
 
     w = nbits.random_weights(rng, 256, 16, bits=4, block_size=32, dtype="float32")
     odd = nbits.random_weights(rng, 256, 18, bits=4, block_size=32, dtype="float32")
@@ -199,6 +199,55 @@ def test_the_grouped_copy_is_made_where_it_applies(library_path, monkeypatch, ca
     assert not says_grouped(w, accuracy_level=0)
     monkeypatch.setenv("ORT_MTP_CPU_PACK", "0")
     assert not says_grouped(w)
+
+
+@pytest.mark.skipif(not _has_avx2() or os.environ.get("ORT_MTP_CPU_KERNEL") == "reference",
+                    reason="the grouped copy is for the SIMD int8 kernels (AVX2 and up), not the scalar reference")
+def test_kernels_with_equal_weights_share_one_grouped_copy(library_path, monkeypatch, capfd):
+    """Kernels of one process whose grouped copies hold the same bytes share one (the MTP head's
+    lm_head is the main model's): the log says how many others share it; weights differing in one
+    nibble get their own; a copy is dropped with its last kernel; and each
+    session still computes with its own weights (against the row-major path, ORT_MTP_CPU_PACK=0)."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng([SEED, 43])  # weights no other test's live session holds
+
+    def session(w, threads=2):
+        options = ort.SessionOptions()
+        options.log_severity_level = 1  # INFO
+        options.intra_op_num_threads = threads
+        options.register_custom_ops_library(library_path)
+        model = nbits.single_node_model(w, domain="ort_mtp", accuracy_level=4, node_name="mm")
+        capfd.readouterr()
+        s = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        said = [line for line in capfd.readouterr().err.splitlines() if "MatMulNBits node 'mm'" in line]
+        assert len(said) == 1, said
+        return s, said[0]
+
+    w = nbits.random_weights(rng, 512, 64, bits=4, block_size=32, dtype="float32", zero_points="packed")
+    other = nbits.random_weights(rng, 512, 64, bits=4, block_size=32, dtype="float32", zero_points="packed")
+    other.b[...] = w.b
+    other.zero_points[...] = w.zero_points
+    other.b.reshape(-1)[-1] ^= 0x10  # the last column's last weight: one nibble apart from w
+    other.scales[...] = w.scales
+    first, said_first = session(w)
+    second, said_second = session(w, threads=1)
+    third, said_third = session(other)
+    assert "0 other kernel(s)" in said_first
+    assert "1 other kernel(s)" in said_second
+    assert "0 other kernel(s)" in said_third
+    monkeypatch.setenv("ORT_MTP_CPU_PACK", "0")
+    plain = {"w": _session(library_path, _model(w), 2), "other": _session(library_path, _model(other), 2)}
+    monkeypatch.delenv("ORT_MTP_CPU_PACK")
+    feed = _feed(_activations(rng, 4, 512, "float32"), "float32")
+    want, want_other = (plain[n].run(None, {"A": feed})[0] for n in ("w", "other"))
+    assert not np.array_equal(want, want_other)
+    for sharing in (first, second):
+        assert np.array_equal(sharing.run(None, {"A": feed})[0], want)
+    assert np.array_equal(third.run(None, {"A": feed})[0], want_other)
+    del first, second, third, sharing
+    _, said_again = session(w)
+    assert "0 other kernel(s)" in said_again, "a copy outlived every kernel that used it"
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[1] != "typed" and c[0] != "bfloat16"], ids=_case_id)

@@ -15,6 +15,7 @@
 #include "matmul_nbits/matmul_nbits.h"
 
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -258,11 +259,13 @@ struct MatMulNBitsKernel {
     }
   }
 
-  // The CPU int8 kernel's own copy of constant weights in the kCpuGroups layout (matmul_nbits.h): the
-  // order its vector loads read them in. It costs one more copy of B, scales and zero points in memory
+  // The CPU int8 kernel's copy of constant weights in the kCpuGroups layout (matmul_nbits.h): the
+  // order its vector loads read them in, shared with every kernel of the process holding the same
+  // bytes (MatMulNBitsCpuPackShared). It costs one more copy of B, scales and zero points in memory
   // for the session's life (ORT keeps the initializers); ORT_MTP_CPU_PACK=0 turns it off and the kernel
   // then gathers each unit from the row-major weights as it goes (the same bits, slower). `set`: 1 or 2.
-  void PackForCpu(Ort::ConstKernelInfo& info, MatMulNBitsProblem& p, bool has_zp, int set, CpuGroupedWeights& out) {
+  void PackForCpu(Ort::ConstKernelInfo& info, MatMulNBitsProblem& p, bool has_zp, int set,
+                  std::shared_ptr<const CpuGroupedWeights>& out) {
     p.accuracy_level = static_cast<int>(attrs_.accuracy_level);
     if (!MatMulNBitsCpuPackable(p)) return;
     // Each node's copy is made as its kernel is created, so a model too big to hold twice in memory
@@ -283,10 +286,11 @@ struct MatMulNBitsKernel {
     p.b = static_cast<const uint8_t*>(info.GetTensorConstantInput(in.b, &is_constant).GetTensorRawData());
     p.scales = info.GetTensorConstantInput(in.scales, &is_constant).GetTensorRawData();
     if (has_zp) p.zero_points = info.GetTensorConstantInput(in.zero_points, &is_constant).GetTensorRawData();
-    MatMulNBitsCpuPack(p, out);
-    const size_t bytes = out.b.size() + out.scales.size() + out.zero_points.size();
-    const std::string message = where_ + which + ": the CPU int8 kernel reads its own grouped copy of the weights (" +
-                                std::to_string(bytes >> 10) + " KiB; ORT_MTP_CPU_PACK=0 turns it off)";
+    out = MatMulNBitsCpuPackShared(p);
+    const size_t bytes = out->b.size() + out->scales.size() + out->zero_points.size();
+    const std::string message = where_ + which + ": the CPU int8 kernel reads a grouped copy of the weights (" +
+                                std::to_string(bytes >> 10) + " KiB, " + std::to_string(out.use_count() - 1) +
+                                " other kernel(s) of this process sharing it; ORT_MTP_CPU_PACK=0 turns it off)";
     ORT_CXX_LOG_NOEXCEPT(info.GetLogger(), ORT_LOGGING_LEVEL_INFO, message.c_str());
   }
 
@@ -312,11 +316,10 @@ struct MatMulNBitsKernel {
     p.scales = scales.GetTensorRawData();
     p.zero_points = zp ? zp.GetTensorRawData() : nullptr;
     p.bias = bias ? bias.GetTensorRawData() : nullptr;
-    const CpuGroupedWeights& grouped = grouped_[set - 1];
-    if (!grouped.b.empty()) {  // the kernel's own copy of the (constant) weights: PackForCpu
-      p.b = grouped.b.data();
-      p.scales = grouped.scales.data();
-      if (p.zero_points) p.zero_points = grouped.zero_points.data();
+    if (const CpuGroupedWeights* grouped = grouped_[set - 1].get()) {  // the (constant) weights' copy: PackForCpu
+      p.b = grouped->b.data();
+      p.scales = grouped->scales.data();
+      if (p.zero_points) p.zero_points = grouped->zero_points.data();
       p.layout = WeightLayout::kCpuGroups;
     }
   }
@@ -372,7 +375,7 @@ struct MatMulNBitsKernel {
   bool cuda_;
   bool two_ = false;                        // a second weight set (N2 > 0)
   bool weights_constant_[2] = {false, false};  // per set: B, scales and zero_points (if any) are initializers
-  CpuGroupedWeights grouped_[2];            // per set: PackForCpu's copy, or empty
+  std::shared_ptr<const CpuGroupedWeights> grouped_[2];  // per set: PackForCpu's (shared) copy, or null
 };
 
 template <FloatType kType, bool kCuda>

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "common/float_type.h"
@@ -151,6 +152,12 @@ struct CpuGroupedWeights {
   std::vector<uint8_t> b, scales, zero_points;
 };
 void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out);
+// MatMulNBitsCpuPack's copy of p's weights, shared by every kernel of the process whose copy holds the
+// same bytes: the MTP head's graph reads the main model's lm_head (the same initializer in
+// model.onnx.data), and with one copy the head's draft right after a verify finds the lm_head the
+// verify just read still in the CPU's last-level cache instead of reading a second copy from memory.
+// Packs first, then compares the whole copy with those already held: equal bytes are the only test.
+std::shared_ptr<const CpuGroupedWeights> MatMulNBitsCpuPackShared(const MatMulNBitsProblem& p);
 // The bytes MatMulNBitsCpuPack allocates for p.
 size_t MatMulNBitsCpuPackBytes(const MatMulNBitsProblem& p);
 

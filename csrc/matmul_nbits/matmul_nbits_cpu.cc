@@ -18,9 +18,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "common/ort.h"
@@ -951,6 +954,54 @@ void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
     for (int64_t c = 0; c < chunks; ++c)
       GatherUnit(p, g, c, b + c * unit_bytes, scales + c * kUnitLanes * elem, zp ? zp + c * kUnitLanes * zp_elem : nullptr);
   }
+}
+
+namespace {
+// A cheap key for a grouped copy: its sizes and 64 bytes at each of 64 evenly spaced places of B (plus
+// the first and last of scales). Equal keys are then compared byte for byte.
+uint64_t GroupedKey(const CpuGroupedWeights& w) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  auto sample = [&mix](const std::vector<uint8_t>& bytes, int places) {
+    mix(bytes.size());
+    if (bytes.empty()) return;
+    const size_t window = std::min<size_t>(64, bytes.size());
+    for (int i = 0; i < places; ++i) {
+      const size_t at = (bytes.size() - window) / (places > 1 ? places - 1 : 1) * i;
+      for (size_t j = 0; j < window; j += 8) {
+        uint64_t v = 0;
+        std::memcpy(&v, bytes.data() + at + j, std::min<size_t>(8, window - j));
+        mix(v);
+      }
+    }
+  };
+  sample(w.b, 64);
+  sample(w.scales, 2);
+  sample(w.zero_points, 2);
+  return h;
+}
+}  // namespace
+
+std::shared_ptr<const CpuGroupedWeights> MatMulNBitsCpuPackShared(const MatMulNBitsProblem& p) {
+  auto packed = std::make_shared<CpuGroupedWeights>();
+  MatMulNBitsCpuPack(p, *packed);
+  const uint64_t key = GroupedKey(*packed);
+  // Copies held by live kernels, by key; an entry whose kernels are all gone is dropped as met.
+  static std::mutex mutex;
+  static std::unordered_multimap<uint64_t, std::weak_ptr<const CpuGroupedWeights>> held;
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto [it, end] = held.equal_range(key); it != end;) {
+    std::shared_ptr<const CpuGroupedWeights> other = it->second.lock();
+    if (!other) {
+      it = held.erase(it);
+      continue;
+    }
+    if (other->b == packed->b && other->scales == packed->scales && other->zero_points == packed->zero_points)
+      return other;
+    ++it;
+  }
+  held.emplace(key, packed);
+  return packed;
 }
 
 void MatMulNBitsCpu(const MatMulNBitsProblem& p, ParallelFor parallel_for, void* parallel_context) {
