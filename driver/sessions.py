@@ -15,8 +15,8 @@ number of rows, where the library runs it on the device. Each gated MLP's gate a
 SiLU become one ort_mtp::MatMulNBits node (activation=swiglu, ops.mlp): four fewer nodes per layer; each
 gated attention mixer (q/gate split, per-head norms, MRoPE, attention, sigmoid gate) one
 ort_mtp::GatedAttention node (ops.gated_attention); and on CUDA, where the library registers its kernel
-(ORT_MTP_SKIP_NORM_CUDA=1 until it has run on a GPU), each com.microsoft SkipSimplifiedLayerNormalization
-ours (ops.norm), which lets the matmul after it start under programmatic dependent launch. The
+(only with ORT_MTP_SKIP_NORM_CUDA=1: measured slower, ops.norm), each com.microsoft
+SkipSimplifiedLayerNormalization ours (ops.norm), launched under programmatic dependent launch. The
 rewritten graph exists only in memory: the session is created from its bytes, and ORT is pointed at
 the model folder for the external weights, so a read-only folder works and no derived file is ever
 written; the rewrite itself reads no weight (the graph proto is loaded without external data).

@@ -17,8 +17,9 @@ not compute them), has no epsilon attribute (ORT's default is its schema's; ours
 out), or another attribute, a hidden size above the CUDA kernel's limit (kSkipNormCudaMaxHidden), an
 element type other than float32 / float16 / bfloat16, or the library does not run the op on the
 model's execution provider (`available`; on the CPU EP ORT's kernel stays: `available` says why). The
-CUDA kernel is registered only when the library is loaded with ORT_MTP_SKIP_NORM_CUDA=1 until it has
-run on a GPU (csrc/norm/skip_norm.cc), so by default CUDA models keep ORT's node too.
+CUDA kernel is registered only when the library is loaded with ORT_MTP_SKIP_NORM_CUDA=1 (csrc/norm/
+skip_norm.cc): measured on a GPU it made the 27B-class model slower (bench/results/2026-12-05-skip-norm-cuda),
+so by default CUDA models keep ORT's node too.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .patterns import Outcome, graphs_and_functions, label
 
 OP = "SkipSimplifiedLayerNormalization"
 SOURCE_DOMAIN = "com.microsoft"
-MAX_HIDDEN = 12288  # kSkipNormCudaMaxHidden (csrc/norm/skip_norm.h): a row's sums in 48 KB of shared memory
+MAX_HIDDEN = 12280  # kSkipNormCudaMaxHidden (csrc/norm/skip_norm.h): a row's sums and 8 more in 48 KB of shared memory
 _ATTRIBUTES = {"epsilon"}
 _TYPES = {ir.DataType.FLOAT: "float32", ir.DataType.FLOAT16: "float16", ir.DataType.BFLOAT16: "bfloat16"}
 

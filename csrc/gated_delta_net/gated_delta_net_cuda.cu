@@ -120,7 +120,8 @@ struct GdnParams {
   uint64_t group_magic;              // h -> h / (Hv / Hk) as (h * group_magic) >> 32 (exact for h < 2^16)
   bool vec_state;  // the recurrent state's block rows can be moved in 16-byte pieces (sizes and addresses)
   // FinishKernel lets the next launch on the stream start at its top rather than at its exit
-  // (ORT_MTP_GDN_FINISH_TRIGGER=1, read once; off by default until a device run has measured it).
+  // (ORT_MTP_GDN_FINISH_TRIGGER=1, read once; off by default: correct, no gain measured end to end,
+  // bench/results/2026-12-05-gdn-finish-trigger-cuda).
   bool finish_trigger_first;
 };
 

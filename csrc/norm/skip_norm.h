@@ -39,8 +39,9 @@ struct SkipNormProblem {
 void SkipNormCpu(const SkipNormProblem& p, ParallelFor parallel_for, void* parallel_context);
 
 #ifdef ORT_MTP_WITH_CUDA
-// The largest H the CUDA kernel takes: a row's sums live in 48 KB of shared memory as float32.
-constexpr int64_t kSkipNormCudaMaxHidden = 12288;
+// The largest H the CUDA kernel takes: a row's sums live in shared memory as float32, beside the 8
+// warps' partial sums, all within the default 48 KB a launch may use: (48 KB - 8 x 4 B) / 4 B.
+constexpr int64_t kSkipNormCudaMaxHidden = 12280;
 // CUDA kernel (skip_norm_cuda.cu): one block of 256 threads per row; thread t sums j = t, t + 256, ...
 // in ascending order (fused multiply-add), the 256 partial sums meet in one fixed order (a butterfly in
 // each warp, then the 8 warps in ascending order). On sm_90 launched with programmatic stream
