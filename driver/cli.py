@@ -33,8 +33,8 @@ def build_parser() -> Parser:
     gen.add_argument("--mode", choices=("auto", "greedy", "mtp"), default="auto",
                      help="decoding mode (default auto: " + AUTO_MODE_HELP + ")")
     gen.add_argument("--draft-tokens", type=int,
-                     help=f"MTP drafts per round, 1..{MAX_DRAFT_TOKENS} (default: 3 on cuda, 1 on cpu, the "
-                          "fastest measured on each)")
+                     help=f"MTP drafts per round, 1..{MAX_DRAFT_TOKENS} (default: 3 on cuda; on cpu 3 for "
+                          "main-model weights of 64 MiB or more, else 1: the fastest measured)")
     gen.add_argument("--provider", choices=("cpu", "cuda"), default="cpu", help="execution provider (default cpu)")
     gen.add_argument("--json", action="store_true", help="print one JSON object (tokens, text, stats) instead")
     gen.add_argument("--profile", action="store_true",
@@ -79,11 +79,16 @@ def build_parser() -> Parser:
 
 # --mode auto: MTP where the folder has an MTP head, with the draft count measured fastest on each
 # provider; greedy for a folder without a head. On CUDA a verify costs little more than a decode step,
-# so k=3 pays (README, "Measured so far"). On a CPU k=1 was the fastest mode on the small preset and on
-# the 16 MB default model, whose forward is mostly fixed per-node overhead
-# (bench/results/2026-12-05-cpu-window-in-memory, bench/results/2026-12-05-gqa-cpu-fast).
+# so k=3 pays (README, "Measured so far"). On a CPU (2 cores) it depends on the model's size: on the
+# small preset (357 MB of weights, whose forward streams them from memory) k=3 was the fastest mode in
+# every run since the head shares the main model's lm_head copy (bench/results/2026-12-05-cpu-draft-cache:
+# 1.49-1.50x greedy, k=1 1.36-1.39x); on the 16 MB default model, whose forward is mostly fixed
+# per-node overhead, k=1 (bench/results/2026-12-05-gqa-cpu-fast: k=3 4% behind it). Between the two
+# sizes nothing was measured: CPU_K3_MIN_BYTES sits between them.
 AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
-AUTO_MODE_HELP = "mtp where the folder has an MTP head (k=1 on cpu, 3 on cuda), else greedy"
+CPU_K3_MIN_BYTES = 64 << 20
+AUTO_MODE_HELP = ("mtp where the folder has an MTP head (k=3 on cuda; on cpu k=3 for main-model weights of "
+                  "64 MiB or more, else 1), else greedy")
 
 
 def resolve_mode(mode: str, folder) -> str:
@@ -92,8 +97,12 @@ def resolve_mode(mode: str, folder) -> str:
     return "greedy" if folder.mtp is None else "mtp"
 
 
-def resolve_draft_tokens(draft_tokens: int | None, provider: str) -> int:
-    return AUTO_DRAFT_TOKENS.get(provider, 3) if draft_tokens is None else draft_tokens
+def resolve_draft_tokens(draft_tokens: int | None, provider: str, folder) -> int:
+    if draft_tokens is not None:
+        return draft_tokens
+    if provider == "cpu" and folder.main.weight_bytes() >= CPU_K3_MIN_BYTES:
+        return 3
+    return AUTO_DRAFT_TOKENS.get(provider, 3)
 
 
 def resolve_model(path: str | None) -> str:
@@ -115,7 +124,7 @@ def cmd_generate(args) -> int:
     need = len(prompt_ids) + max(args.max_new_tokens, 1)
     mode = resolve_mode(args.mode, folder)
     generator = Generator(folder, provider=args.provider, mode=mode,
-                          draft_tokens=resolve_draft_tokens(args.draft_tokens, args.provider),
+                          draft_tokens=resolve_draft_tokens(args.draft_tokens, args.provider, folder),
                           max_length=max(2, min(folder.context_length, need)), prefill_chunk=args.prefill_chunk,
                           cuda_graphs=not args.no_cuda_graphs, commit=args.commit,
                           profile=True if args.profile else None, threads=args.threads,

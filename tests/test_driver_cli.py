@@ -15,6 +15,7 @@ import pytest
 import ops
 import ops.progress
 from driver.cli import main as cli_main
+from driver.folder import read_folder
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,15 +98,29 @@ def test_generate_json(tiny_folder, capsys):
     assert "verify" in stats["phase_ms_per_round"]
 
 
-def test_auto_mode_on_the_cpu_is_mtp_k1(tiny_folder, capsys):
-    """--mode auto on the CPU: MTP with k = 1 (the fastest measured there) for a folder with an MTP head,
-    unless --draft-tokens says otherwise."""
+def test_auto_mode_on_the_cpu_is_mtp_k1_for_a_small_model(tiny_folder, capsys):
+    """--mode auto on the CPU: MTP for a folder with an MTP head, with k = 1 below CPU_K3_MIN_BYTES of
+    main-model weights (the fastest measured there), unless --draft-tokens says otherwise."""
+    from driver import cli
+
     base = ["generate", "--model", str(tiny_folder), "--prompt", "import os", "--max-new-tokens", "6", "--json"]
     assert main(base) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["mode"] == "mtp" and result["mode_chosen_by"] == "auto" and result["stats"]["draft_tokens"] == 1
     assert main(base + ["--draft-tokens", "4"]) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["draft_tokens"] == 4
+    assert read_folder(tiny_folder).main.weight_bytes() < cli.CPU_K3_MIN_BYTES
+
+
+def test_auto_mode_on_the_cpu_takes_k3_for_a_model_of_cpu_k3_min_bytes(tiny_folder, capsys, monkeypatch):
+    """From CPU_K3_MIN_BYTES of main-model weights (where the forward streams its weights from memory
+    and the verify's extra rows cost little), auto drafts 3 tokens a round on the CPU."""
+    from driver import cli
+
+    monkeypatch.setattr(cli, "CPU_K3_MIN_BYTES", read_folder(tiny_folder).main.weight_bytes())
+    assert main(["generate", "--model", str(tiny_folder), "--prompt", "import os", "--max-new-tokens", "6",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["draft_tokens"] == 3
 
 
 def test_greedy_json_matches_mtp_json(tiny_folder, capsys):
