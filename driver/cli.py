@@ -83,7 +83,8 @@ def build_parser() -> Parser:
 # small preset (357 MB of weights, whose forward streams them from memory) k=3 was the fastest mode in
 # every run since the head shares the main model's lm_head copy (bench/results/2026-12-05-cpu-draft-cache:
 # 1.49-1.50x greedy, k=1 1.36-1.39x); on the 16 MB default model, whose forward is mostly fixed
-# per-node overhead, k=1 (bench/results/2026-12-05-gqa-cpu-fast: k=3 4% behind it). Between the two
+# per-node overhead, k=1 (k=2 within 3% of it, ahead in some runs and behind in others; k=3 behind
+# both: bench/results/cpu/default_model.json, bench/results/2026-12-05-gqa-cpu-fast). Between the two
 # sizes nothing was measured: CPU_K3_MIN_BYTES sits between them.
 AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
 CPU_K3_MIN_BYTES = 64 << 20
