@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -986,19 +987,16 @@ std::shared_ptr<const CpuGroupedWeights> MatMulNBitsCpuPackShared(const MatMulNB
   auto packed = std::make_shared<CpuGroupedWeights>();
   MatMulNBitsCpuPack(p, *packed);
   const uint64_t key = GroupedKey(*packed);
-  // Copies held by live kernels, by key; an entry whose kernels are all gone is dropped as met.
+  // Copies held by live kernels, by key. Entries whose kernels are all gone are dropped on every call
+  // (a few hundred per model), so a process that creates and frees many sessions keeps none of them.
   static std::mutex mutex;
   static std::unordered_multimap<uint64_t, std::weak_ptr<const CpuGroupedWeights>> held;
   std::lock_guard<std::mutex> lock(mutex);
-  for (auto [it, end] = held.equal_range(key); it != end;) {
+  for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
+  for (auto [it, end] = held.equal_range(key); it != end; ++it) {
     std::shared_ptr<const CpuGroupedWeights> other = it->second.lock();
-    if (!other) {
-      it = held.erase(it);
-      continue;
-    }
-    if (other->b == packed->b && other->scales == packed->scales && other->zero_points == packed->zero_points)
+    if (other && other->b == packed->b && other->scales == packed->scales && other->zero_points == packed->zero_points)
       return other;
-    ++it;
   }
   held.emplace(key, packed);
   return packed;
