@@ -82,7 +82,7 @@ def build_parser() -> Parser:
 # so k=3 pays (README, "Measured so far"). On a CPU (2 cores) it depends on the model's size: on the
 # small preset (357 MB of weights, whose forward streams them from memory) k=3 was the fastest mode in
 # every run since the head shares the main model's lm_head copy (bench/results/2026-12-05-cpu-draft-cache:
-# 1.49-1.50x greedy, k=1 1.36-1.39x); on the 16 MB default model, whose forward is mostly fixed
+# 1.45-1.50x greedy in three runs, k=1 1.33-1.39x); on the 16 MB default model, whose forward is mostly fixed
 # per-node overhead, k=1 (k=2 within 3% of it, ahead in some runs and behind in others; k=3 behind
 # both: bench/results/cpu/default_model.json, bench/results/2026-12-05-gqa-cpu-fast). Between the two
 # sizes nothing was measured: CPU_K3_MIN_BYTES sits between them.
