@@ -77,16 +77,13 @@ def build_parser() -> Parser:
     return parser
 
 
-# --mode auto: MTP where the folder has an MTP head, with the draft count measured fastest on each
-# provider; greedy for a folder without a head. On CUDA a verify costs little more than a decode step,
-# so k=3 pays (README, "Measured so far"). On a CPU (2 cores) it depends on the model's size: on the
-# small preset (357 MB of weights, whose forward streams them from memory) k=3 was the fastest mode in
-# every run since the head shares the main model's lm_head copy (bench/results/2026-12-05-cpu-draft-cache:
-# 1.45-1.50x greedy in three runs, k=1 1.33-1.39x); on the 16 MB default model, whose forward is mostly fixed
-# per-node overhead, k=1 (k=2 within 3% of it, ahead in some runs and behind in others; k=3 behind
-# both: bench/results/cpu/default_model.json, bench/results/2026-12-05-gqa-cpu-fast). Between the two
-# sizes nothing was measured: CPU_K3_MIN_BYTES sits between them.
-AUTO_DRAFT_TOKENS = {"cpu": 1, "cuda": 3}
+# --mode auto: MTP where the folder has an MTP head, with the draft count measured fastest; greedy for a
+# folder without a head. On CUDA a verify costs little more than a decode step, so k=3 pays (README,
+# "Measured so far"). On a CPU it depends on the model's size: where the forward streams its weights from
+# memory (the small preset, 357 MB) k=3 was the fastest mode in every run
+# (bench/results/2026-12-05-cpu-draft-cache); where it is mostly fixed per-node overhead (the 16 MB
+# default model) k=1 and k=2 trade places and k=3 trails (bench/results/cpu/default_model.json). Between
+# the two sizes nothing was measured: CPU_K3_MIN_BYTES sits between them.
 CPU_K3_MIN_BYTES = 64 << 20
 AUTO_MODE_HELP = ("mtp where the folder has an MTP head (k=3 on cuda; on cpu k=3 for main-model weights of "
                   "64 MiB or more, else 1), else greedy")
@@ -101,9 +98,7 @@ def resolve_mode(mode: str, folder) -> str:
 def resolve_draft_tokens(draft_tokens: int | None, provider: str, folder) -> int:
     if draft_tokens is not None:
         return draft_tokens
-    if provider == "cpu" and folder.main.weight_bytes() >= CPU_K3_MIN_BYTES:
-        return 3
-    return AUTO_DRAFT_TOKENS.get(provider, 3)
+    return 1 if provider == "cpu" and folder.main.weight_bytes() < CPU_K3_MIN_BYTES else 3
 
 
 def resolve_model(path: str | None) -> str:

@@ -123,9 +123,9 @@ struct SkipNormOp : Ort::CustomOpBase<SkipNormOp<kType, kCuda>, SkipNormKernel<k
 }  // namespace
 
 // The CPU classes always; the CUDA classes in a CUDA build only with ORT_MTP_SKIP_NORM_CUDA=1: measured
-// end to end, the CUDA kernel made the 27B-class model slower than ORT's node (greedy 108.8 against
-// 130.6 tok/s, bench/results/2026-12-05-skip-norm-cuda). Without it CUDA models keep ORT's node (the
-// rewrite asks the library which kernels it has, ops/norm.py).
+// end to end, the CUDA kernel made the 27B-class model slower than ORT's node
+// (bench/results/2026-12-05-skip-norm-cuda). Without it CUDA models keep ORT's node (the rewrite asks the
+// library which kernels it has, ops/norm.py).
 void AddSkipNormOps(Ort::CustomOpDomain& domain, bool with_cuda) {
   AddFloatTypedOps<SkipNormOp>(domain, with_cuda && CudaKernelSwitch("ORT_MTP_SKIP_NORM_CUDA", false));
 }
