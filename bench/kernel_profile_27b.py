@@ -50,6 +50,18 @@ def family(name: str) -> str:
     return "elementwise / other"
 
 
+def kernel_times(prof) -> dict:
+    """{kernel name: [GPU microseconds, calls]} over a torch.profiler run's CUDA events."""
+    kernels = defaultdict(lambda: [0.0, 0])
+    for ev in prof.events():
+        if ev.device_type.name != "CUDA":
+            continue
+        us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+        kernels[ev.name][0] += us
+        kernels[ev.name][1] += 1
+    return kernels
+
+
 def profile(gen, prompt: list[int], new_tokens: int, mode: str, k: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile as tprofile
@@ -61,13 +73,7 @@ def profile(gen, prompt: list[int], new_tokens: int, mode: str, k: int) -> dict:
         result = gen.generate(prompt, new_tokens, mode=mode, draft_tokens=k, stop_at_eos=False)
         torch.cuda.synchronize()
         wall = time.perf_counter() - start
-    kernels = defaultdict(lambda: [0.0, 0])
-    for ev in prof.events():
-        if ev.device_type.name != "CUDA":
-            continue
-        us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-        kernels[ev.name][0] += us
-        kernels[ev.name][1] += 1
+    kernels = kernel_times(prof)
     total = sum(v[0] for v in kernels.values())
     fams = defaultdict(float)
     for name, (us, _) in kernels.items():

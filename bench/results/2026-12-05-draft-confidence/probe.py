@@ -18,6 +18,7 @@ building, not what it would measure.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import subprocess
 import sys
@@ -29,7 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from driver import Generator  # noqa: E402
+from driver import Generator
 
 
 def record_rounds(gen: Generator, prompts, new_tokens: int, k: int) -> list[dict]:
@@ -157,14 +158,14 @@ def main() -> int:
     judged = [(r["margin"][j], r["p_max"][j], j < r["a"]) for r in rounds for j in range(min(r["a"] + 1, k))]
     deciles = [float(x) for x in np.quantile([m for m, _, _ in judged], np.linspace(0, 1, 11))]
     buckets = []
-    for lo, hi in zip(deciles[:-1], deciles[1:]):
+    for lo, hi in itertools.pairwise(deciles):
         inside = [(p, ok) for m, p, ok in judged if lo <= m < hi or (hi == deciles[-1] and m == hi)]
         buckets.append({"margin": [lo, hi], "drafts": len(inside),
                         "p_max_median": float(np.median([p for p, _ in inside])) if inside else None,
                         "accepted": sum(ok for _, ok in inside) / len(inside) if inside else None})
     fixed = [replay(rounds, costs, k, None, fixed_k=j) for j in range(1, k + 1)]
     adaptive = [replay(rounds, costs, k, tau) for tau in deciles[1:-1]]
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "revision": revision, "model": str(args.model), "max_k": k, "rounds": len(rounds),
               "costs_ms": costs, "greedy_modelled_tok_s": 1e3 / greedy_ms,

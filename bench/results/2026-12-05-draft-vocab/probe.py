@@ -38,8 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from models.acceptance import Session, greedy_with_hidden  # noqa: E402
-from models.defaults import TRAINED_FOLDER  # noqa: E402
+from models.acceptance import Session, greedy_with_hidden
+from models.defaults import TRAINED_FOLDER
 
 
 def streams(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[dict]:
@@ -97,7 +97,8 @@ def corpus_counts(tokenizer_path: Path, megabytes: float) -> collections.Counter
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_path))
-    manifest = json.load(gzip.open(TRAINED_FOLDER / "corpus.json.gz"))
+    with gzip.open(TRAINED_FOLDER / "corpus.json.gz") as f:
+        manifest = json.load(f)
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     counts, read = collections.Counter(), 0
     for entry in sorted(manifest, key=lambda e: e["name"]):
@@ -137,7 +138,8 @@ def head_profile(folder: Path, prompt: list[int]) -> dict:
         ort.SessionOptions = plain
     for _ in range(4):
         gen.generate(prompt, 48, stop_at_eos=False)
-    events = json.load(open(gen.head.session.end_profiling()))
+    with open(gen.head.session.end_profiling()) as f:
+        events = json.load(f)
     nodes = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     times = collections.defaultdict(list)
     for e in nodes:
@@ -172,7 +174,7 @@ def main() -> int:
     parser.add_argument("--corpus-mb", type=float, default=4.0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "revision": revision, "new_tokens": args.new_tokens}
 

@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from driver import Generator  # noqa: E402
+from driver import Generator
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     k = args.draft_tokens
-    common = dict(provider=args.provider, mode="mtp", draft_tokens=k, threads=args.threads)
+    common = {"provider": args.provider, "mode": "mtp", "draft_tokens": k, "threads": args.threads}
     gens = {"window": Generator(args.model, **common), "no_window": Generator(args.model, commit="replay", **common)}
     windows = {name: g.main.spec.state_window for name, g in gens.items()}
     if windows["no_window"]:
@@ -60,7 +60,7 @@ def main() -> int:
                 times[name][w].append(time.perf_counter() - start)
     skip = max(2, args.reps // 10)  # the first calls of a width capture its CUDA graph
     median = {name: {w: round(1e3 * float(np.median(v[skip:])), 4) for w, v in per.items()} for name, per in times.items()}
-    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    revision = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
     result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "revision": revision, "provider": args.provider, "threads": args.threads, "draft_tokens": k,
               "state_windows": windows, "same_tokens": same, "reps": args.reps, "median_ms": median,

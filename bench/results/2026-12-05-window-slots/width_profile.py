@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from driver import Generator  # noqa: E402
-from kernel_profile_27b import family  # noqa: E402
+from kernel_profile_27b import family, kernel_times
+
+from driver import Generator
 
 
 def profile_width(gen: Generator, width: int, reps: int, rng) -> dict:
@@ -40,13 +41,7 @@ def profile_width(gen: Generator, width: int, reps: int, rng) -> dict:
             main.ids[0, :width] = gen.device.xp.asarray(rng.integers(0, vocab, width), dtype=np.int64)
             main.forward(width)
         torch.cuda.synchronize()
-    kernels = defaultdict(lambda: [0.0, 0])
-    for ev in prof.events():
-        if ev.device_type.name != "CUDA":
-            continue
-        us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-        kernels[ev.name][0] += us
-        kernels[ev.name][1] += 1
+    kernels = kernel_times(prof)
     families = defaultdict(float)
     for name, (us, _) in kernels.items():
         families[family(name)] += us / 1e3 / reps
