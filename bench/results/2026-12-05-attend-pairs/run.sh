@@ -3,7 +3,8 @@
 # setup chunks, one call:  bash bench/results/2026-12-05-attend-pairs/run.sh
 # The GPU groups of the two ops that run the kernel (group-query-attention: width S bit-identical to S
 # width-1 calls, against the CPU op; gated-attention), then width_profile.py with the library before the
-# change (.devlib/before.so.xz) and after it (.devlib/libort_mtp_ops.so.xz), then slots_probe.py after it.
+# change (.devlib/before.so.xz) and after it (.devlib/libort_mtp_ops.so.xz), after it again with the GEMV's
+# programmatic dependent launch off (ORT_MTP_GEMV_PDL=0), then slots_probe.py after it.
 set -u
 export PYTHONUNBUFFERED=1
 source bench/device_library.sh
@@ -20,6 +21,11 @@ for which in before after; do
   ORT_MTP_LIBRARY=$lib timeout 150 python3 bench/results/2026-12-05-window-slots/width_profile.py --model /tmp/m27w0 --out $R/width_profile_$which.json > $R/width_profile_$which.log 2>&1; echo "profile $which rc $?" | tee -a $R/steps.log
   grep -E "GPU kernel|attention \(ours\)" $R/width_profile_$which.log; pack
 done
+st width profile after, GEMV without programmatic dependent launch
+# ORT_MTP_GEMV_PDL=0: the GEMV no longer lets the next kernel start early, so the a/b projections' MatMul
+# and GdnKernel records hold their own time, not part of the GEMV's (FinishKernel still overlaps GdnKernel).
+ORT_MTP_GEMV_PDL=0 timeout 150 python3 bench/results/2026-12-05-window-slots/width_profile.py --model /tmp/m27w0 --out $R/width_profile_after_nopdl.json > $R/width_profile_after_nopdl.log 2>&1; echo "profile no-pdl rc $?" | tee -a $R/steps.log
+grep -v "W:onnxruntime" $R/width_profile_after_nopdl.log | tail -8; pack
 st slots probe after
 timeout 150 python3 bench/results/2026-12-05-window-slots/slots_probe.py --model /tmp/m27w0 --provider cuda --reps 30 --out $R/slots_after.json > $R/slots_after.log 2>&1; echo "probe rc $?" | tee -a $R/steps.log
 tail -1 $R/slots_after.log | cut -c1-400
