@@ -345,3 +345,46 @@ def test_int8_reference_emulates_the_quantisation():
     qa, s = nbits.int8_quantize(a, 16)
     assert s[0, 0] == np.float32(127.0) / np.float32(127) and s[0, 1] == 0
     assert list(qa[0, :6]) == [127, 64, -0, 0, 2, -127] and not qa[0, 16:].any()
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not _has_avx2() or os.environ.get("ORT_MTP_CPU_KERNEL") == "reference"
+                    or not Path("/proc/self/statm").exists(),
+                    reason="the grouped copy is for the SIMD int8 kernels; resident memory read from /proc")
+def test_grouped_copies_are_freed_with_their_sessions(library_path):
+    """The grouped copies live in shared chunks of huge-page memory (common/huge_page_bytes.h): small copies
+    share a chunk, large ones get their own, and a chunk goes back to the system with the last copy in it,
+    so sessions created and dropped one after another do not pile up memory. 16 rounds of two sessions
+    with 8 MiB of distinct weights each (a pile-up would keep ~256 MiB), outputs checked against the
+    row-major path on every round."""
+    rng = np.random.default_rng([SEED, 44])
+    big = nbits.random_weights(rng, 4096, 4096, bits=4, block_size=32, dtype="float32")  # 8 MiB of int4
+    small = nbits.random_weights(rng, 512, 256, bits=4, block_size=32, dtype="float32")
+    feed = _feed(_activations(rng, 2, 4096, "float32"), "float32")
+    small_feed = _feed(_activations(rng, 2, 512, "float32"), "float32")
+    os.environ["ORT_MTP_CPU_PACK"] = "0"
+    try:
+        want = _session(library_path, _model(big), 2).run(None, {"A": feed})[0]
+        want_small = _session(library_path, _model(small), 2).run(None, {"A": small_feed})[0]
+    finally:
+        del os.environ["ORT_MTP_CPU_PACK"]
+    start = None
+    for round_ in range(16):
+        if round_:
+            big.b.reshape(-1)[round_] ^= 0x11  # distinct bytes every round: no copy is shared across rounds
+            os.environ["ORT_MTP_CPU_PACK"] = "0"
+            try:
+                want = _session(library_path, _model(big), 2).run(None, {"A": feed})[0]
+            finally:
+                del os.environ["ORT_MTP_CPU_PACK"]
+        sessions = [_session(library_path, _model(big), 2), _session(library_path, _model(small), 2)]
+        assert np.array_equal(sessions[0].run(None, {"A": feed})[0], want)
+        assert np.array_equal(sessions[1].run(None, {"A": small_feed})[0], want_small)
+        del sessions
+        if round_ == 1:
+            start = _resident_bytes()
+    assert _resident_bytes() - start < 64 << 20, "grouped copies outlived their sessions"

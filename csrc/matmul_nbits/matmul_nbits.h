@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/float_type.h"
+#include "common/huge_page_bytes.h"
 #include "common/parallel.h"
 
 namespace ort_mtp {
@@ -148,8 +149,9 @@ const char* MatMulNBitsCpuKernel(const MatMulNBitsProblem& p);
 // sessions created after a change see it).
 bool MatMulNBitsCpuPackable(const MatMulNBitsProblem& p);
 // p's B, scales and zero points (if any) in the kCpuGroups layout.
+// (HugePageBytes: on transparent huge pages where the system offers them, see common/huge_page_bytes.h.)
 struct CpuGroupedWeights {
-  std::vector<uint8_t> b, scales, zero_points;
+  HugePageBytes b, scales, zero_points;
 };
 void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out);
 // MatMulNBitsCpuPack's copy of p's weights, shared by every kernel of the process whose copy holds the

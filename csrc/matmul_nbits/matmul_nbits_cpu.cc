@@ -944,9 +944,9 @@ void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
   const GroupedSizes z = GroupedSizesOf(p);
   const int64_t groups = z.groups, chunks = z.chunks;
   const size_t elem = z.elem, zp_elem = z.zp_elem, unit_bytes = z.unit_bytes;
-  out.b.assign(z.b, 0);
-  out.scales.assign(z.scales, 0);
-  out.zero_points.assign(z.zero_points, 0);
+  out.b = HugePageBytes(z.b);
+  out.scales = HugePageBytes(z.scales);
+  out.zero_points = HugePageBytes(z.zero_points);
   for (int64_t g = 0; g < groups; ++g) {
     uint8_t* b = out.b.data() + g * chunks * unit_bytes;
     uint8_t* scales = out.scales.data() + g * chunks * kUnitLanes * elem;
@@ -963,7 +963,7 @@ namespace {
 uint64_t GroupedKey(const CpuGroupedWeights& w) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  auto sample = [&mix](const std::vector<uint8_t>& bytes, int places) {
+  auto sample = [&mix](const HugePageBytes& bytes, int places) {
     mix(bytes.size());
     if (bytes.empty()) return;
     const size_t window = std::min<size_t>(64, bytes.size());
