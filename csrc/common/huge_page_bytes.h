@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 namespace ort_mtp {
 
@@ -19,6 +20,23 @@ class HugePageBytes {
  public:
   HugePageBytes() = default;
   explicit HugePageBytes(size_t size);  // throws std::bad_alloc when no memory is left
+  // Move-only: a copy would share the bytes (as the chunk is shared), unlike the std::vector it replaces.
+  HugePageBytes(const HugePageBytes&) = delete;
+  HugePageBytes& operator=(const HugePageBytes&) = delete;
+  HugePageBytes(HugePageBytes&& other) noexcept
+      : chunk_(std::move(other.chunk_)), data_(other.data_), size_(other.size_) {
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  HugePageBytes& operator=(HugePageBytes&& other) noexcept {
+    if (this == &other) return *this;
+    chunk_ = std::move(other.chunk_);
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+    return *this;
+  }
 
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
