@@ -46,23 +46,6 @@ inline void ZeroSlot(void* p, size_t bytes) {
 #endif
 }
 
-// ZeroSlot's copy: `bytes` from src to dst with non-temporal stores (SSE2) where dst is 16-byte aligned
-// and bytes a multiple of 16; else memcpy. A verify's state slots: one per token and layer, read back
-// (at most one of them) only by the next forward, after the rest of the model's weights have streamed
-// through the cache, so writing them around the cache saves reading each line in before it is written.
-inline void StreamCopy(void* dst, const void* src, size_t bytes) {
-#if defined(__x86_64__)
-  if (reinterpret_cast<uintptr_t>(dst) % 16 == 0 && bytes % 16 == 0) {
-    auto* d = static_cast<__m128i*>(dst);
-    const auto* s = static_cast<const __m128i*>(src);
-    for (size_t i = 0; i < bytes / 16; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
-    _mm_sfence();  // the streamed stores are ordered before whatever reads the slot next
-    return;
-  }
-#endif
-  std::memcpy(dst, src, bytes);
-}
-
 // The present conv state slots of batch b: slot j holds the last K - 1 inputs up to token S - slots + j
 // (zeros before the call's first token). Reads its past first, so that present may alias past; run it
 // only once every task has read the past conv state.

@@ -19,7 +19,6 @@
 // which every clone computes exactly (an instruction, or the C library's correctly rounded fmaf).
 #include <algorithm>
 #include <cmath>
-#include <type_traits>
 #include <vector>
 
 #include "common/cpu_numeric.h"
@@ -202,10 +201,7 @@ class Kernel {
     thread_local std::vector<float> state, q, k, v, r, o;  // a task's only allocations, once per thread
     for (auto* buf : {&q, &k}) buf->resize(static_cast<size_t>(dk));
     for (auto* buf : {&v, &r, &o}) buf->resize(static_cast<size_t>(dv));
-    // A float32 state's slots are written from `state` by StreamCopy (the same bits: the step stores
-    // into `state` exactly what it would store into the slot), so `state` holds every token's state.
-    constexpr bool kStream = std::is_same_v<S, float>;
-    if (p_.seq > 1 || kStream) state.resize(static_cast<size_t>(block));
+    if (p_.seq > 1) state.resize(static_cast<size_t>(block));
     const S* past = static_cast<const S*>(p_.past_recurrent) + task * block;
     auto slot_out = [&](int64_t slot) {
       return static_cast<S*>(p_.present_recurrent) + (slot * p_.batch * p_.num_v_heads + task) * block;
@@ -224,13 +220,11 @@ class Kernel {
 
       const int64_t slot = t - (p_.seq - p_.slots);  // the present slot holding the state after token t
       S* out = slot >= 0 ? slot_out(slot) : nullptr;
-      float* dst = t + 1 < p_.seq || (kStream && out) ? state.data() : nullptr;
-      S* step_out = kStream ? nullptr : out;
+      float* dst = t + 1 < p_.seq ? state.data() : nullptr;
       if (t == 0)
-        Step<S, S>(past, dst, step_out, q, k, v, decay, beta, r, o);
+        Step<S, S>(past, dst, out, q, k, v, decay, beta, r, o);
       else
-        Step<float, S>(state.data(), dst, step_out, q, k, v, decay, beta, r, o);
-      if (kStream && out) gdn_cpu::StreamCopy(out, state.data(), sizeof(float) * block);
+        Step<float, S>(state.data(), dst, out, q, k, v, decay, beta, r, o);
 
       const int64_t offset = row * p_.value_dim() + h * dv;
       GatedRmsNorm<T>(o.data(), static_cast<const T*>(p_.z) + offset, norm_weight, static_cast<T*>(p_.y) + offset,

@@ -5,6 +5,7 @@ forward of width 1 and 4 timed alternately (the order inside each repetition fli
     python bench/results/2026-12-05-cpu-draft-cache/order_bias.py --model /tmp/small --library <CPU build .so> --reps 100
 """
 import argparse
+import json
 import shutil
 import sys
 import tempfile
@@ -25,6 +26,7 @@ def main() -> int:
     ap.add_argument("--model", type=Path, required=True)
     ap.add_argument("--library", type=Path, required=True)
     ap.add_argument("--reps", type=int, default=100)
+    ap.add_argument("--out", type=Path, help="JSON of the medians, with the command")
     args = ap.parse_args()
     copy_dir = Path(tempfile.mkdtemp(prefix="order-bias-"))
     copy = copy_dir / args.library.name
@@ -46,8 +48,12 @@ def main() -> int:
                 start = time.perf_counter()
                 g.main.forward(w)
                 times[name][w].append(time.perf_counter() - start)
+    medians = {n: {w: round(1e3 * float(np.median(v[w][10:])), 4) for w in (1, 4)} for n, v in times.items()}
     for w in (1, 4):
-        print(f"width {w}: " + ", ".join(f"{n} {1e3 * np.median(v[w][10:]):.3f} ms" for n, v in times.items()))
+        print(f"width {w}: " + ", ".join(f"{n} {m[w]:.3f} ms" for n, m in medians.items()))
+    if args.out:
+        args.out.write_text(json.dumps({"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                        "reps": args.reps, "median_ms": medians}, indent=1) + "\n")
     shutil.rmtree(copy_dir)
     return 0
 
