@@ -28,6 +28,7 @@ Tolerances, from the arithmetic (u32 = 2^-24):
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 import sys
@@ -206,8 +207,10 @@ def test_the_grouped_copy_is_made_where_it_applies(library_path, monkeypatch, ca
 def test_kernels_with_equal_weights_share_one_grouped_copy(library_path, monkeypatch, capfd):
     """Kernels of one process whose grouped copies hold the same bytes share one (the MTP head's
     lm_head is the main model's): the log says how many others share it; weights differing in one
-    nibble get their own; a copy is dropped with its last kernel; and each
-    session still computes with its own weights (against the row-major path, ORT_MTP_CPU_PACK=0)."""
+    nibble, in one scale or in one zero point get their own (also where the difference lies between the
+    places the lookup key samples, so only the full comparison can find it); a copy is dropped with its
+    last kernel; and each session still computes with its own weights (against the row-major path,
+    ORT_MTP_CPU_PACK=0)."""
     import onnxruntime as ort
 
     rng = np.random.default_rng([SEED, 43])  # weights no other test's live session holds
@@ -230,22 +233,36 @@ def test_kernels_with_equal_weights_share_one_grouped_copy(library_path, monkeyp
     other.zero_points[...] = w.zero_points
     other.b.reshape(-1)[-1] ^= 0x10  # the last column's last weight: one nibble apart from w
     other.scales[...] = w.scales
+
+    def apart(what, at, flip):
+        """w with one byte of B, one scale or one zero point changed, at flat index `at`."""
+        changed = copy.deepcopy(w)
+        getattr(changed, what).reshape(-1)[at] = flip(getattr(changed, what).reshape(-1)[at])
+        return changed
+
+    # The key samples 64 bytes at 64 evenly spaced places of B (16 KiB here: every 259 bytes) and the
+    # two ends of scales and zero points; these differences lie between them.
+    variants = {"one nibble": other, "nibble between samples": apart("b", 100, lambda v: v ^ 0x01),
+                "scale": apart("scales", 500, lambda v: -v), "zero point": apart("zero_points", 200, lambda v: v ^ 0x11)}
     first, said_first = session(w)
     second, said_second = session(w, threads=1)
-    third, said_third = session(other)
+    own = {name: session(v) for name, v in variants.items()}
     assert "0 other kernel(s)" in said_first
     assert "1 other kernel(s)" in said_second
-    assert "0 other kernel(s)" in said_third
+    for name, (_, said) in own.items():
+        assert "0 other kernel(s)" in said, f"weights differing in a {name} shared a copy"
     monkeypatch.setenv("ORT_MTP_CPU_PACK", "0")
-    plain = {"w": _session(library_path, _model(w), 2), "other": _session(library_path, _model(other), 2)}
+    plain = {"w": _session(library_path, _model(w), 2)}
+    plain.update({name: _session(library_path, _model(v), 2) for name, v in variants.items()})
     monkeypatch.delenv("ORT_MTP_CPU_PACK")
     feed = _feed(_activations(rng, 4, 512, "float32"), "float32")
-    want, want_other = (plain[n].run(None, {"A": feed})[0] for n in ("w", "other"))
-    assert not np.array_equal(want, want_other)
+    want = {name: s.run(None, {"A": feed})[0] for name, s in plain.items()}
+    for name in variants:
+        assert not np.array_equal(want["w"], want[name]), name
+        assert np.array_equal(own[name][0].run(None, {"A": feed})[0], want[name]), name
     for sharing in (first, second):
-        assert np.array_equal(sharing.run(None, {"A": feed})[0], want)
-    assert np.array_equal(third.run(None, {"A": feed})[0], want_other)
-    del first, second, third, sharing
+        assert np.array_equal(sharing.run(None, {"A": feed})[0], want["w"])
+    del first, second, own, sharing
     _, said_again = session(w)
     assert "0 other kernel(s)" in said_again, "a copy outlived every kernel that used it"
 

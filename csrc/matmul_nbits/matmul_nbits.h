@@ -158,7 +158,8 @@ void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out);
 // same bytes: the MTP head's graph reads the main model's lm_head (the same initializer in
 // model.onnx.data), and with one copy the head's draft right after a verify finds the lm_head the
 // verify just read still in the CPU's last-level cache instead of reading a second copy from memory.
-// Packs first, then compares the whole copy with those already held: equal bytes are the only test.
+// p's weights are compared, packed group by group, with the copies already held (equal bytes are the
+// only test), and packed into a new copy only where none is equal.
 std::shared_ptr<const CpuGroupedWeights> MatMulNBitsCpuPackShared(const MatMulNBitsProblem& p);
 // The bytes MatMulNBitsCpuPack allocates for p.
 size_t MatMulNBitsCpuPackBytes(const MatMulNBitsProblem& p);

@@ -940,64 +940,103 @@ size_t MatMulNBitsCpuPackBytes(const MatMulNBitsProblem& p) {
   return z.b + z.scales + z.zero_points;
 }
 
+namespace {
+// Group g of p's weights in the kCpuGroups layout, into b, scales and zp (null without zero points):
+// the bytes MatMulNBitsCpuPack writes at the group's place.
+void PackGroup(const MatMulNBitsProblem& p, const GroupedSizes& z, int64_t g, uint8_t* b, uint8_t* scales,
+               uint8_t* zp) {
+  if (GatherGroup(p, g, z.chunks, b, scales)) return;
+  for (int64_t c = 0; c < z.chunks; ++c)
+    GatherUnit(p, g, c, b + c * z.unit_bytes, scales + c * kUnitLanes * z.elem, zp ? zp + c * kUnitLanes * z.zp_elem : nullptr);
+}
+
+// The bytes of one group in each of the copy's three arrays.
+struct GroupBytes {
+  size_t b, scales, zero_points;
+};
+GroupBytes GroupBytesOf(const GroupedSizes& z) {
+  const size_t chunks = static_cast<size_t>(z.chunks);
+  return {chunks * z.unit_bytes, chunks * kUnitLanes * z.elem, z.zero_points ? chunks * kUnitLanes * z.zp_elem : 0};
+}
+}  // namespace
+
 void MatMulNBitsCpuPack(const MatMulNBitsProblem& p, CpuGroupedWeights& out) {
   const GroupedSizes z = GroupedSizesOf(p);
-  const int64_t groups = z.groups, chunks = z.chunks;
-  const size_t elem = z.elem, zp_elem = z.zp_elem, unit_bytes = z.unit_bytes;
+  const GroupBytes per = GroupBytesOf(z);
   out.b = HugePageBytes(z.b);
   out.scales = HugePageBytes(z.scales);
   out.zero_points = HugePageBytes(z.zero_points);
-  for (int64_t g = 0; g < groups; ++g) {
-    uint8_t* b = out.b.data() + g * chunks * unit_bytes;
-    uint8_t* scales = out.scales.data() + g * chunks * kUnitLanes * elem;
-    if (GatherGroup(p, g, chunks, b, scales)) continue;
-    uint8_t* zp = out.zero_points.empty() ? nullptr : out.zero_points.data() + g * chunks * kUnitLanes * zp_elem;
-    for (int64_t c = 0; c < chunks; ++c)
-      GatherUnit(p, g, c, b + c * unit_bytes, scales + c * kUnitLanes * elem, zp ? zp + c * kUnitLanes * zp_elem : nullptr);
-  }
+  for (int64_t g = 0; g < z.groups; ++g)
+    PackGroup(p, z, g, out.b.data() + g * per.b, out.scales.data() + g * per.scales,
+              out.zero_points.empty() ? nullptr : out.zero_points.data() + g * per.zero_points);
 }
 
 namespace {
-// A cheap key for a grouped copy: its sizes and 64 bytes at each of 64 evenly spaced places of B (plus
-// the first and last of scales). Equal keys are then compared byte for byte.
-uint64_t GroupedKey(const CpuGroupedWeights& w) {
+// A cheap key for p's weights, read from its row-major inputs: the problem's shape and 64 bytes at each
+// of 64 evenly spaced places of B (plus the first and last of scales and zero points). Copies with equal
+// keys are then compared in full (PackedEquals).
+uint64_t SourceKey(const MatMulNBitsProblem& p) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&h](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
-  auto sample = [&mix](const HugePageBytes& bytes, int places) {
-    mix(bytes.size());
-    if (bytes.empty()) return;
-    const size_t window = std::min<size_t>(64, bytes.size());
+  auto sample = [&mix](const void* data, size_t size, int places) {
+    mix(size);
+    if (data == nullptr || size == 0) return;
+    const uint8_t* bytes = static_cast<const uint8_t*>(data);
+    const size_t window = std::min<size_t>(64, size);
     for (int i = 0; i < places; ++i) {
-      const size_t at = (bytes.size() - window) / (places > 1 ? places - 1 : 1) * i;
+      const size_t at = (size - window) / (places > 1 ? places - 1 : 1) * i;
       for (size_t j = 0; j < window; j += 8) {
         uint64_t v = 0;
-        std::memcpy(&v, bytes.data() + at + j, std::min<size_t>(8, window - j));
+        std::memcpy(&v, bytes + at + j, std::min<size_t>(8, window - j));
         mix(v);
       }
     }
   };
-  sample(w.b, 64);
-  sample(w.scales, 2);
-  sample(w.zero_points, 2);
+  const GroupedSizes z = GroupedSizesOf(p);
+  mix(static_cast<uint64_t>(p.N)), mix(static_cast<uint64_t>(p.k_blocks)), mix(static_cast<uint64_t>(p.block_size));
+  mix(static_cast<uint64_t>(p.zp_kind)), mix(z.b), mix(z.scales), mix(z.zero_points);
+  const size_t blocks = static_cast<size_t>(p.N * p.k_blocks);
+  sample(p.b, blocks * static_cast<size_t>(p.block_bytes), 64);
+  sample(p.scales, blocks * ScaleBytes(p), 2);
+  if (p.zp_kind == ZeroPointKind::kPacked) sample(p.zero_points, static_cast<size_t>(p.N * p.zp_row_bytes), 2);
+  if (p.zp_kind == ZeroPointKind::kTyped) sample(p.zero_points, blocks * ScaleBytes(p), 2);
   return h;
+}
+
+// Whether `w` holds the bytes MatMulNBitsCpuPack(p) would write, found group by group without
+// allocating a copy of the whole.
+bool PackedEquals(const MatMulNBitsProblem& p, const CpuGroupedWeights& w) {
+  const GroupedSizes z = GroupedSizesOf(p);
+  if (w.b.size() != z.b || w.scales.size() != z.scales || w.zero_points.size() != z.zero_points) return false;
+  const GroupBytes per = GroupBytesOf(z);
+  std::vector<uint8_t> b(per.b), scales(per.scales), zp(per.zero_points);
+  for (int64_t g = 0; g < z.groups; ++g) {
+    PackGroup(p, z, g, b.data(), scales.data(), zp.empty() ? nullptr : zp.data());
+    if (std::memcmp(b.data(), w.b.data() + g * per.b, per.b) != 0 ||
+        std::memcmp(scales.data(), w.scales.data() + g * per.scales, per.scales) != 0 ||
+        (!zp.empty() && std::memcmp(zp.data(), w.zero_points.data() + g * per.zero_points, per.zero_points) != 0))
+      return false;
+  }
+  return true;
 }
 }  // namespace
 
 std::shared_ptr<const CpuGroupedWeights> MatMulNBitsCpuPackShared(const MatMulNBitsProblem& p) {
-  auto packed = std::make_shared<CpuGroupedWeights>();
-  MatMulNBitsCpuPack(p, *packed);
-  const uint64_t key = GroupedKey(*packed);
+  const uint64_t key = SourceKey(p);
   // Copies held by live kernels, by key. Entries whose kernels are all gone are dropped on every call
   // (a few hundred per model), so a process that creates and frees many sessions keeps none of them.
+  // A copy equal to one held is found before anything is allocated: the MTP head's lm_head (the main
+  // model's) is then packed once, and no spare copy is left as dead space in a huge-page chunk.
   static std::mutex mutex;
   static std::unordered_multimap<uint64_t, std::weak_ptr<const CpuGroupedWeights>> held;
   std::lock_guard<std::mutex> lock(mutex);
   for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
   for (auto [it, end] = held.equal_range(key); it != end; ++it) {
     std::shared_ptr<const CpuGroupedWeights> other = it->second.lock();
-    if (other && other->b == packed->b && other->scales == packed->scales && other->zero_points == packed->zero_points)
-      return other;
+    if (other && PackedEquals(p, *other)) return other;
   }
+  auto packed = std::make_shared<CpuGroupedWeights>();
+  MatMulNBitsCpuPack(p, *packed);
   held.emplace(key, packed);
   return packed;
 }
