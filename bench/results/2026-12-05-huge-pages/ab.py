@@ -50,8 +50,10 @@ def child(model: str) -> dict:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(measure=child, script: str = __file__, doc: str = __doc__) -> int:
+    """Runs `script --child` (which calls `measure(model)`) once per library and round, in that order;
+    bench/results/2026-12-05-pack-once/load_probe.py reuses it with its own measure."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--library", action="append", default=[], help="NAME=PATH, two or more")
     ap.add_argument("--rounds", type=int, default=3)
@@ -59,14 +61,14 @@ def main() -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.model)))
+        print(json.dumps(measure(args.model)))
         return 0
     libraries = dict(item.split("=", 1) for item in args.library)
     runs = []
     for round_ in range(args.rounds):
         for name, path in libraries.items():
             env = dict(os.environ, ORT_MTP_LIBRARY=path)
-            done = subprocess.run([sys.executable, __file__, "--child", "--model", args.model], env=env,
+            done = subprocess.run([sys.executable, script, "--child", "--model", args.model], env=env,
                                   capture_output=True, text=True, check=True)
             row = {"round": round_, "library": name, **json.loads(done.stdout.strip().splitlines()[-1])}
             runs.append(row)
