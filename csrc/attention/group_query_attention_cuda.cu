@@ -157,10 +157,14 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-// Grid: (chunks, batch * kv heads); kAttendWarps warps; dynamic shared memory: the chunk's keys (rows padded by 16 bytes) and
-// values, kChunk rows of 32 F elements each (features past the head size zero). Block (c, b, g) loads the
-// chunk's positions that some row of the pass attends to, then each warp takes (row, q head) pairs of
-// kv head g's group and writes their partials.
+// Grid: (chunks, batch * kv heads, pair blocks); kAttendWarps warps; dynamic shared memory: the chunk's keys
+// (rows padded by 16 bytes) and values, kChunk rows of 32 F elements each (features past the head size
+// zero). Block (c, b, g, z) loads the chunk's positions that some row of the pass attends to, then each
+// warp takes (row, q head) pairs of kv head g's group, pairs z kAttendWarps + warp, stepping by all the pair
+// blocks' warps, and writes their partials. Pair blocks: a pass of several rows has rows x group pairs, and
+// a short cache only a few chunks, so one block per (chunk, kv head) would leave most SMs idle while its 8
+// warps took three or more pairs each; the blocks of a (chunk, kv head) each load the tile (from L2) and
+// take their share. A pair's partial is one warp's work in either case, so the split changes no bit.
 template <typename T, int F>
 __global__ void __launch_bounds__(kAttendWarps * 32) AttendKernel(const GqaParams p, const PassParams pass) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -209,7 +213,8 @@ __global__ void __launch_bounds__(kAttendWarps * 32) AttendKernel(const GqaParam
   __syncthreads();
 
   const int lane = t & 31, warp = t >> 5;
-  for (int pair = warp; pair < pass.rows * group; pair += kAttendWarps) {
+  for (int pair = static_cast<int>(blockIdx.z) * kAttendWarps + warp; pair < pass.rows * group;
+       pair += kAttendWarps * static_cast<int>(gridDim.z)) {
     const int64_t s = pass.s0 + pair / group;
     const int64_t h = g * group + pair % group;
     int64_t first, last;
@@ -586,10 +591,13 @@ const char* LaunchPasses(const GroupQueryAttentionProblem& p, const GqaParams& p
   const int64_t slots = p.batch * p.num_heads * kRowsPerPass * pass.chunks;
   pass.ml = scratch;
   pass.acc = scratch + slots * 2;
-  const dim3 attend(static_cast<unsigned>(pass.chunks), static_cast<unsigned>(p.batch * p.kv_num_heads));
+  const int64_t group = p.num_heads / p.kv_num_heads;
   for (int64_t s0 = 0; s0 < p.seq; s0 += kRowsPerPass) {
     pass.s0 = s0;
     pass.rows = static_cast<int>(p.seq - s0 < kRowsPerPass ? p.seq - s0 : kRowsPerPass);
+    const int64_t pair_blocks = (pass.rows * group + kAttendWarps - 1) / kAttendWarps;
+    const dim3 attend(static_cast<unsigned>(pass.chunks), static_cast<unsigned>(p.batch * p.kv_num_heads),
+                      static_cast<unsigned>(pair_blocks < 65535 ? pair_blocks : 65535));
     AttendKernel<T, F><<<attend, kAttendWarps * 32, smem, stream>>>(prm, pass);
     if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return cudaGetErrorString(err);
     const dim3 combine(static_cast<unsigned>(p.batch * p.num_heads), static_cast<unsigned>(pass.rows));
