@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, "-dirty" with uncommitted changes)
 from ops.rewrite import REWRITES  # noqa: E402
 
 MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
@@ -300,7 +301,9 @@ def main() -> int:
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
     out.mkdir(parents=True, exist_ok=True)
     folder = Path(args.folder)
-    report = {"folder": str(folder), "provider": args.provider, "new_tokens": args.new_tokens, "prompt_length": args.prompt_length,
+    report = {"command": " ".join(["bench/e2e_27b.py", *sys.argv[1:]]),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "revision": git_revision(),
+              "folder": str(folder), "provider": args.provider, "new_tokens": args.new_tokens, "prompt_length": args.prompt_length,
               "build": ensure_folder(folder, args.state_window)}
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
     rng = np.random.default_rng(0)  # token-id prompts: the tokenizer's real tokens are the low ids

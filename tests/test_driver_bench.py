@@ -25,7 +25,8 @@ from driver.device import make_device  # noqa: E402
 
 def test_e2e_script_dry_run(tiny_folder, tmp_path):
     """bench/e2e_27b.py on the CPU EP and the tiny preset: every mode's row has the fields the device run
-    reports (medians over repetitions, time to first token, weight bandwidth, phases), and MTP's streams
+    reports (medians over repetitions, time to first token, weight bandwidth, phases; the command, date
+    and revision), and MTP's streams
     equal greedy's; an `ours_no<kind>` configuration runs every rewrite but that one."""
     import os
 
@@ -35,6 +36,7 @@ def test_e2e_script_dry_run(tiny_folder, tmp_path):
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, "OUT": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((tmp_path / "e2e_27b.json").read_text())
+    assert report["command"].startswith("bench/e2e_27b.py --provider cpu") and report["date"] and report["revision"]
     ours, without = report["configurations"]
     assert ours["mtp_session_state_window"] == 5  # the tiny folder has none: k = 4 + 1 slots in memory
     assert without["label"] == "ours_nomlp" and "mlp" not in without["rewrite"]
