@@ -5,9 +5,13 @@
 // flight together: at the a/b projections' K = 5120 a thread has 10 k, and the kernel's time is their
 // memory round trips, not arithmetic. The partial sums meet in a fixed order: pairs of lanes 16, 8, 4, 2, 1 apart within
 // each warp (HalvingSum), then the 16 warps' sums in ascending order through shared memory. R (1 or 8)
-// is picked from M only to skip work on rows that do not exist: every row follows the same sequence of
-// float32 operations in every R and unrolling, so row m's bits never depend on M. (R = 2 and 4 took
-// longer at M = 2..4 than R = 8 at M = 5..8 on an H200: bench/results/2026-12-03-float-matmul.)
+// is picked from M only for speed: every row follows the same sequence of float32 operations in every R
+// and unrolling, so row m's bits never depend on M. Up to kOneRowPassesMaxM rows (decode and verify
+// widths) each row is its own pass of the one-row kernel, all passes at once: the a/b projections have
+// only 2 x 6 column groups, so one 8-row pass per group left most SMs idle while each block's threads
+// waited on their k's in two-deep rounds (kUnroll<8>), and the extra passes read B from L2 (prefetched by
+// the first). Beyond it (prefill chunks) 8-row passes read B once per 8 rows. (R = 2 and 4 took longer
+// at M = 2..4 than R = 8 at M = 5..8 on an H200: bench/results/2026-12-03-float-matmul.)
 // With a second weight B2 the grid's first blocks take B's column groups and the rest B2's; a block runs
 // the same code on whichever (B, Y, N) its index selects, so each output is what a one-weight launch
 // computes.
@@ -35,6 +39,7 @@ constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
 constexpr int kCols = 8;  // output columns per block
 constexpr int kMaxGridY = 65535;
+constexpr int64_t kOneRowPassesMaxM = 8;  // M up to this: one one-row pass per row (see above)
 
 // The 8 columns c0 .. c0 + 7 of B's row k as float32 (0 beyond N).
 template <typename T, bool kVector>
@@ -188,7 +193,7 @@ cudaError_t Launch(const FloatMatMulProblem& p, cudaStream_t stream) {
   // loads give the same values, so the choice never changes a result.)
   const auto aligned = [](int64_t n, const void* b) { return n % kCols == 0 && reinterpret_cast<uintptr_t>(b) % 16 == 0; };
   const bool vector = aligned(p.n, p.b) && (p.n2 == 0 || aligned(p.n2, p.b2));
-  if (p.m == 1) return LaunchR<T, 1>(p, vector, stream);
+  if (p.m <= kOneRowPassesMaxM) return LaunchR<T, 1>(p, vector, stream);
   return LaunchR<T, 8>(p, vector, stream);
 }
 
