@@ -63,8 +63,4 @@ HugePageBytes::HugePageBytes(size_t size) : size_(size) {
   chunk_ = std::move(chunk);
 }
 
-bool HugePageBytes::operator==(const HugePageBytes& other) const {
-  return size_ == other.size_ && (size_ == 0 || std::memcmp(data_, other.data_, size_) == 0);
-}
-
 }  // namespace ort_mtp

@@ -42,7 +42,6 @@ class HugePageBytes {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
-  bool operator==(const HugePageBytes& other) const;  // same size and bytes
 
  private:
   std::shared_ptr<void> chunk_;  // keeps the chunk this buffer lies in
