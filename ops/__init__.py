@@ -11,6 +11,7 @@ the NVIDIA driver lists (`python -m ops info` reports both).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import shutil
@@ -69,6 +70,23 @@ def _candidates():
     for file in dist.files or ():
         if file.name == _LIBRARY_NAME:
             yield Path(dist.locate_file(file))
+
+
+def library_function(name: str, restype, argtypes):
+    """A C function the library exports for direct calls (OrtMtpPackTiles, OrtMtpCopyRanges), through
+    ctypes, from the library library_path() names (each file is loaded once per process; ONNX Runtime
+    loading the same file for a session shares it)."""
+    fn = getattr(_loaded(library_path()), name)
+    fn.restype = restype
+    fn.argtypes = argtypes
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded(path: str):
+    import ctypes
+
+    return ctypes.CDLL(path)
 
 
 def register(session_options) -> str:

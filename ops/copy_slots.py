@@ -5,6 +5,9 @@ tests and device checks build their cases from.
 
 slots is int64 [2] = (src_slot, dst_slot) in host memory; (-1, -1) copies whole tensors. out_i is
 dst_i with slot dst_slot replaced by src_i's slot src_slot (README.md, "Op reference").
+
+RangeCopier runs the op's copy directly (the library's C entry OrtMtpCopyRanges), for a caller that
+holds the buffers' addresses: the same kernel without an ORT run.
 """
 
 from __future__ import annotations
@@ -75,6 +78,39 @@ def expected(src: np.ndarray, dst: np.ndarray, slots) -> np.ndarray:
     out = dst.copy()
     out[d] = src[s]
     return out
+
+
+RANGE = np.dtype([("src", "<u8"), ("dst", "<u8"), ("bytes", "<u8")])
+"""One byte range for RangeCopier: source and destination addresses and the length (OrtMtpCopyRange)."""
+
+
+def ranges(triples) -> np.ndarray:
+    """An array of RANGE records from (src address, dst address, bytes) triples."""
+    return np.array([tuple(int(v) for v in t) for t in triples], dtype=RANGE)
+
+
+class RangeCopier:
+    """The CopySlots op's copy called directly: the library's OrtMtpCopyRanges, looked up once (the
+    library ops.library_path names when the copier is made), so a call costs one ctypes call."""
+
+    def __init__(self):
+        import ctypes
+
+        from . import library_function
+
+        self._fn = library_function("OrtMtpCopyRanges", ctypes.c_char_p,
+                                    [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_void_p])
+
+    def __call__(self, records: np.ndarray, *, cuda: bool, stream: int = 0) -> None:
+        """Copies every range of `records` (a C-contiguous RANGE array; ranges must not overlap): on the
+        CPU by memmove (host addresses), or on CUDA as one launch per 128 ranges on `stream` (device
+        addresses; a cudaStream_t as an int, 0 the legacy default stream), queued without a host
+        synchronisation. RuntimeError with the library's message if it fails."""
+        if records.dtype != RANGE or not records.flags.c_contiguous:
+            raise ValueError("records must be a C-contiguous array of ops.copy_slots.RANGE")
+        error = self._fn(records.ctypes.data, len(records), 1 if cuda else 0, stream or None)
+        if error is not None:
+            raise RuntimeError(error.decode(errors="replace"))
 
 
 def _dims(shape: Dims):

@@ -117,22 +117,13 @@ def pack_tiles(N: int, K: int, block_size: int, b: np.ndarray | None = None, sca
     return results[0], results[1]
 
 
-_PACKER = None
-
-
 def _native_packer():
-    """The library's OrtMtpPackTiles, through ctypes (the library ops.library_path names, loaded once)."""
-    global _PACKER
-    if _PACKER is None:
-        import ctypes
+    """The library's OrtMtpPackTiles, through ctypes."""
+    import ctypes
 
-        from . import library_path
+    from . import library_function
 
-        fn = ctypes.CDLL(library_path()).OrtMtpPackTiles
-        fn.restype = ctypes.c_int
-        fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        _PACKER = fn
-    return _PACKER
+    return library_function("OrtMtpPackTiles", ctypes.c_int, [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int])
 
 
 def unpack_b(packed: np.ndarray, N: int, K: int) -> np.ndarray:

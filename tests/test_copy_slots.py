@@ -228,3 +228,37 @@ def test_an_output_declared_with_another_type_is_an_error():
     for line, declared in zip(errors, [d for d in ["uint8", "float16", "float64", "int64"] for _ in range(2)]):
         assert ("CopySlots node 'commit': pair 0 ('src_0' -> 'dst_0'): output 0 is declared "
                 f"{declared} but the pair is float32") in line, result.stdout
+
+
+def test_direct_copy_of_ranges():
+    """RangeCopier (the op's copy without an ORT run, what the driver's promotion calls): each range's
+    bytes land at its destination, the rest of the buffer is untouched, no ranges is a no-op."""
+    from ops.copy_slots import RangeCopier, ranges
+
+    rng = np.random.default_rng(3)
+    window = rng.standard_normal((4, 2, 5, 3)).astype(np.float16)
+    other = rng.integers(0, 255, size=(3, 37), dtype=np.uint8)
+    before = window.copy(), other.copy()
+    slot = window.nbytes // 4
+    copy = RangeCopier()
+    copy(ranges([(window.ctypes.data + 1 * slot, window.ctypes.data + 3 * slot, slot),
+                 (other.ctypes.data, other.ctypes.data + 2 * 37, 37)]), cuda=False)
+    np.testing.assert_array_equal(window[3], before[0][1])
+    np.testing.assert_array_equal(window[:3], before[0][:3])
+    np.testing.assert_array_equal(other[2], before[1][0])
+    np.testing.assert_array_equal(other[:2], before[1][:2])
+    copy(ranges([]), cuda=False)
+    np.testing.assert_array_equal(window[:3], before[0][:3])
+
+
+def test_direct_copy_errors():
+    from ops.copy_slots import RangeCopier, ranges
+
+    copy = RangeCopier()
+    with pytest.raises(ValueError, match="RANGE"):
+        copy(np.zeros((2, 3), dtype=np.uint64), cuda=False)
+    if not ops.visible_gpus():  # a CUDA copy with no GPU is the library's error, not a crash
+        data = np.arange(8, dtype=np.uint8)
+        with pytest.raises(RuntimeError):
+            copy(ranges([(data.ctypes.data, data.ctypes.data + 4, 4)]), cuda=True)
+        np.testing.assert_array_equal(data, np.arange(8, dtype=np.uint8))

@@ -116,10 +116,10 @@ def test_device_script_dry_run(tmp_path):
 
 def test_gpu_check_group_dry_run(tmp_path):
     """A group as tests/gpu runs it, on the CPU EP: its own process (worker.py), its JSON result, the
-    verdict (CopySlots: 8 cases, the CUDA-graph one eager here)."""
+    verdict (CopySlots: 11 cases, the CUDA-graph one eager here)."""
     result = run_group("copy_slots", Options(logs=tmp_path, provider="cpu", seed=1, timeout=120))
     assert result.ok, result.failure_message()
-    assert [r["ok"] for r in result.records] == [True] * 8
+    assert [r["ok"] for r in result.records] == [True] * 11
     assert result.report["info"]["device"] == "cpu" and result.report["finished"]
     assert "promote in place slot 3->3" in (tmp_path / "copy_slots.log").read_text()
 

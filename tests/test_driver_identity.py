@@ -117,6 +117,13 @@ def test_slot_promotion_copies_one_slot_in_place(parity):
     assert promoter.copies == 1
 
 
+def test_slot_promotion_refuses_a_slot_outside_the_window():
+    promoter = SlotPromoter(_Runner(window=4))
+    with pytest.raises(DriverError, match=r"slots \(4, 3\) out of range for a state of 4 slots"):
+        promoter.promote(4, 3)
+    assert promoter.copies == 0
+
+
 def test_attention_before_linear_attention_commits_the_decode_state(builder_attention_first_folder):
     """The builder folder whose attention layer comes first: with ort_mtp::GroupQueryAttention a verify's
     hidden and logits rows and committed state are the decode steps' bits; with ORT's node (the

@@ -10,7 +10,9 @@ slot. The cases, each compared bit-exactly (as bytes, so every dtype alike) with
      left untouched;
   3. whole copies (-1, -1) into separate outputs;
   4. 150 tensors in place: more ranges than one launch takes;
-  5. in place under ORT's CUDA graph: capture, then replays on new buffer contents.
+  5. in place under ORT's CUDA graph: capture, then replays on new buffer contents;
+  6. the same copy called directly (ops.copy_slots.RangeCopier, the driver's slot promotion): slot a ->
+     slot 3 in place for every dtype, and the 150 tensors (two launches), on the device's stream.
 
 The tensors mix float16, float32, bfloat16, int64, uint8 and bool with odd byte counts (MIXED).
 """
@@ -23,7 +25,7 @@ from harness import Buffer, Context  # first: it puts the checkout on sys.path
 
 from driver.device import bind_host, make_session  # noqa: E402
 from ops import nbits  # noqa: E402
-from ops.copy_slots import Pair, copy_slots_model, expected  # noqa: E402
+from ops.copy_slots import Pair, RangeCopier, copy_slots_model, expected, ranges  # noqa: E402
 
 MIXED = [("float16", (4, 1, 64, 3)), ("float32", (4, 1, 6, 16, 16)), ("bfloat16", (4, 2, 33)),
          ("int64", (4, 5)), ("uint8", (4, 7)), ("bool", (4, 3)), ("float16", (4, 1, 1024, 3)),
@@ -68,7 +70,7 @@ def promoted_as_expected(bufs, before, slots) -> bool:
 
 
 def check_copy_slots(ctx: Context):
-    """The five cases of the module docstring; one record per case (case 1: per source slot)."""
+    """The six cases of the module docstring; one record per case (case 1: per source slot)."""
     device, rng = ctx.device, ctx.rng
 
     def record(name, ok, **extra):
@@ -128,3 +130,20 @@ def check_copy_slots(ctx: Context):
         device.synchronize()
         steps.append(promoted_as_expected(bufs, before, (1, 3)))
     yield record("in place under CUDA graph (capture + replays)", all(steps), steps=steps)
+
+    # 6. The direct call: one range per buffer, slot a -> slot 3 in place, queued on the device's stream.
+    copier = RangeCopier()
+    stream = device.stream.ptr if ctx.on_gpu else 0
+    for specs, a in ((MIXED, 0), (MIXED, 2), (MANY, 1)):
+        name = f"direct call, {len(specs)} tensors, slot {a}->3"
+        ctx.started(name)
+        bufs = [random_buffer(device, rng, dt, shape) for dt, shape in specs]
+        before = [b.raw() for b in bufs]
+        records = []
+        for b in bufs:
+            slot_bytes = b.data.nbytes // b.shape[0]
+            base = device.pointer(b.data)
+            records.append((base + a * slot_bytes, base + 3 * slot_bytes, slot_bytes))
+        copier(ranges(records), cuda=ctx.on_gpu, stream=stream)
+        device.synchronize()
+        yield record(name, promoted_as_expected(bufs, before, (a, 3)), tensors=len(bufs))
