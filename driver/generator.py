@@ -107,7 +107,9 @@ class Generator:
                                 folder.vocab_size, folder.hidden_size, capture_widths=widths)
         self.head = None
         self.promoter = None
-        self._drafts = self.device.zeros((MAX_DRAFT_TOKENS,), np.int64)
+        # A round's drafts [0, k) and the verify's target tokens [k, 2k+1), side by side so that the
+        # accept reads both with one device-to-host copy.
+        self._round_ids = self.device.zeros((2 * MAX_DRAFT_TOKENS + 1,), np.int64)
         if mode == "mtp":
             spec = folder.require_mtp()
             session, swapped = create_session(spec, self.device, self.max_length, rewrite, capture, pack)
@@ -305,7 +307,7 @@ class Generator:
         #    drafts, each with the target's hidden) plus the row (h_L-1, t); its last row drafts d_0.
         #    Then the head chains on its own hidden: (g_j-1, d_j-1) -> d_j.
         with phase("draft"):
-            drafts = self._drafts[:k]
+            drafts = self._round_ids[:k]
             head.forward(pending + 1)
             head.advance(pending + 1)
             drafts[0] = self._pick(head.logits[0, pending], sampler, q)
@@ -325,15 +327,25 @@ class Generator:
             main.forward(k + 1)
             stats.forwards["verify"] += 1
             if sampler is None:
-                target = xp.argmax(main.logits[0, :k + 1], axis=-1)  # the target's token after each position
+                target = self._round_ids[k:2 * k + 1]
+                xp.argmax(main.logits[0, :k + 1], axis=-1, out=target)  # the target's token after each position
             else:
                 p = sampler.warp(main.logits[0, :k + 1])  # the target's distribution after each position
 
         # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens, or k
         #    drafts, a and the bonus).
         with phase("accept"):
+            early = self._commit_keeps_verify_rows(k)
+            if early:
+                # The head's next input rows (step 5), queued ahead of the synchronisation so that the
+                # device copies them while the host waits: every one of the k+1 rows (the next head
+                # forward reads the first a+1). Greedy's ids are the target's tokens: an accepted
+                # draft equals the target's token at its position, and the bonus is the next one.
+                head.hidden_in[0, :k + 1] = main.hidden[0, :k + 1]
+                if sampler is None:
+                    head.ids[0, :k + 1] = target
             if sampler is None:
-                both = self.device.to_host(xp.concatenate([drafts, target]))
+                both = self.device.to_host(self._round_ids[:2 * k + 1])
                 drafted, wanted = both[:k].tolist(), both[k:].tolist()
                 a = 0
                 while a < k and drafted[a] == wanted[a]:
@@ -355,13 +367,22 @@ class Generator:
         self._commit(a, k, stats, phase)
 
         # 5. Leave the head's next input rows: (h_L+j, d_j) for the accepted drafts and (h_L+a, bonus),
-        #    hidden rows from the forward that committed them (verify or re-advance).
-        head.hidden_in[0, :a + 1] = main.hidden[0, :a + 1]
-        head.ids[0, :a] = drafts[:a]
-        head.ids[0, a] = bonus
+        #    hidden rows from the forward that committed them (verify or re-advance). Already queued in
+        #    step 3 where the verify's rows are the committed ones (and, greedy, the ids too).
+        if not early:
+            head.hidden_in[0, :a + 1] = main.hidden[0, :a + 1]
+        if not early or sampler is not None:
+            head.ids[0, :a] = drafts[:a]
+            head.ids[0, a] = bonus
         if profiler:
             profiler.end_round()
         return drafted[:a] + [bonus], a
+
+    def _commit_keeps_verify_rows(self, k: int) -> bool:
+        """Whether _commit keeps the verify's hidden rows for every a (full or promote), i.e. never
+        re-runs the accepted tokens (replay), whose forward rewrites them."""
+        window = self.main.spec.state_window
+        return self.promoter is not None and window >= k + 1 and self.commit_policy != "replay"
 
     def _commit(self, a: int, k: int, stats: Stats, phase) -> None:
         """Makes the main model's cache and state those after [t, d_0 .. d_a-1] (a+1 tokens).
@@ -377,7 +398,7 @@ class Generator:
         if a == k:
             main.advance(k + 1)
             stats.commits["full"] += 1
-        elif self.promoter is not None and window >= k + 1 and self.commit_policy != "replay":
+        elif self._commit_keeps_verify_rows(k):
             with phase("commit"):
                 main.advance(a + 1)
                 self.promoter.promote(a + window - (k + 1), window - 1)
