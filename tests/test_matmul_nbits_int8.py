@@ -267,6 +267,53 @@ def test_kernels_with_equal_weights_share_one_grouped_copy(library_path, monkeyp
     assert "0 other kernel(s)" in said_again, "a copy outlived every kernel that used it"
 
 
+@pytest.mark.skipif(not _has_avx2() or os.environ.get("ORT_MTP_CPU_KERNEL") == "reference",
+                    reason="the grouped copy is for the SIMD int8 kernels (AVX2 and up), not the scalar reference")
+def test_sessions_created_at_once_share_one_grouped_copy(library_path, capfd):
+    """Sessions of equal weights created on several threads at the same time (the copies are compared
+    and packed outside the table's lock) still end with one shared copy: a session made afterwards
+    shares it with every one of them, and each computes what a session made alone does."""
+    import threading
+
+    import onnxruntime as ort
+
+    rng = np.random.default_rng([SEED, 47])  # weights no other test's live session holds
+    w = nbits.random_weights(rng, 2048, 1024, bits=4, block_size=32, dtype="float32", zero_points="packed")
+    model = nbits.single_node_model(w, domain="ort_mtp", accuracy_level=4, node_name="mm").SerializeToString()
+
+    def options():
+        o = ort.SessionOptions()
+        o.log_severity_level = 1  # INFO: the kernel says how many others share its copy
+        o.intra_op_num_threads = 1
+        o.register_custom_ops_library(library_path)
+        return o
+
+    threads, start = 4, threading.Barrier(4)
+    made, errors = [None] * threads, []
+
+    def make(i):
+        try:
+            start.wait()
+            made[i] = ort.InferenceSession(model, options(), providers=["CPUExecutionProvider"])
+        except Exception as e:  # reported below, with the thread's index
+            errors.append((i, e))
+
+    workers = [threading.Thread(target=make, args=(i,)) for i in range(threads)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors, errors
+    capfd.readouterr()
+    last = ort.InferenceSession(model, options(), providers=["CPUExecutionProvider"])
+    said = [line for line in capfd.readouterr().err.splitlines() if "MatMulNBits node 'mm'" in line]
+    assert len(said) == 1 and f"{threads} other kernel(s)" in said[0], said
+    feed = _feed(_activations(rng, 3, 2048, "float32"), "float32")
+    want = last.run(None, {"A": feed})[0]
+    for s in made:
+        assert np.array_equal(s.run(None, {"A": feed})[0], want)
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if c[1] != "typed" and c[0] != "bfloat16"], ids=_case_id)
 def test_matches_onnxruntime_accuracy_level_4(case, cpu_session):
     dtype, zp, bias, bs, K, N = case

@@ -1019,6 +1019,13 @@ bool PackedEquals(const MatMulNBitsProblem& p, const CpuGroupedWeights& w) {
   }
   return true;
 }
+
+bool SameBytes(const CpuGroupedWeights& x, const CpuGroupedWeights& y) {
+  auto same = [](const HugePageBytes& u, const HugePageBytes& v) {
+    return u.size() == v.size() && (u.size() == 0 || std::memcmp(u.data(), v.data(), u.size()) == 0);
+  };
+  return same(x.b, y.b) && same(x.scales, y.scales) && same(x.zero_points, y.zero_points);
+}
 }  // namespace
 
 std::shared_ptr<const CpuGroupedWeights> MatMulNBitsCpuPackShared(const MatMulNBitsProblem& p) {
@@ -1027,16 +1034,30 @@ std::shared_ptr<const CpuGroupedWeights> MatMulNBitsCpuPackShared(const MatMulNB
   // (a few hundred per model), so a process that creates and frees many sessions keeps none of them.
   // A copy equal to one held is found before anything is allocated: the MTP head's lm_head (the main
   // model's) is then packed once, and no spare copy is left as dead space in a huge-page chunk.
+  // The lock covers the table only: comparing and packing read all of p's weights, and sessions
+  // created on several threads at once do that at the same time.
   static std::mutex mutex;
   static std::unordered_multimap<uint64_t, std::weak_ptr<const CpuGroupedWeights>> held;
-  std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
-  for (auto [it, end] = held.equal_range(key); it != end; ++it) {
-    std::shared_ptr<const CpuGroupedWeights> other = it->second.lock();
-    if (other && PackedEquals(p, *other)) return other;
-  }
+  auto same_key = [&key](std::vector<std::shared_ptr<const CpuGroupedWeights>>& out) {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = held.begin(); it != held.end();) it = it->second.expired() ? held.erase(it) : std::next(it);
+    for (auto [it, end] = held.equal_range(key); it != end; ++it)
+      if (auto other = it->second.lock()) out.push_back(std::move(other));
+  };
+  std::vector<std::shared_ptr<const CpuGroupedWeights>> compared;
+  same_key(compared);
+  for (const auto& other : compared)
+    if (PackedEquals(p, *other)) return other;
   auto packed = std::make_shared<CpuGroupedWeights>();
   MatMulNBitsCpuPack(p, *packed);
+  // Another thread may have added an equal copy while this one packed: keep one (the packed bytes are
+  // compared directly, under the lock, so that two threads cannot both add theirs).
+  std::lock_guard<std::mutex> lock(mutex);
+  for (auto [it, end] = held.equal_range(key); it != end; ++it) {
+    std::shared_ptr<const CpuGroupedWeights> other = it->second.lock();
+    const bool seen = std::find(compared.begin(), compared.end(), other) != compared.end();
+    if (other && !seen && SameBytes(*packed, *other)) return other;
+  }
   held.emplace(key, packed);
   return packed;
 }
