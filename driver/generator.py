@@ -327,8 +327,14 @@ class Generator:
             main.forward(k + 1)
             stats.forwards["verify"] += 1
             if sampler is None:
+                # The target's token after each position, row by row: the 1-D argmax a greedy step takes
+                # (on CUDA CuPy's device-wide CUB reduction, a few microseconds per row). An argmax over
+                # the last axis of [k+1, V] is a reduction with one thread block per row in CuPy, which
+                # took ~0.35 ms per verify on the 27B-class vocabulary (cupy_cub_argmax in
+                # bench/results/2026-12-05-mlp-cuda/c/profile.json: 17 calls, 0.125 ms per token).
                 target = self._round_ids[k:2 * k + 1]
-                xp.argmax(main.logits[0, :k + 1], axis=-1, out=target)  # the target's token after each position
+                for j in range(k + 1):
+                    target[j] = xp.argmax(main.logits[0, j])
             else:
                 p = sampler.warp(main.logits[0, :k + 1])  # the target's distribution after each position
 
