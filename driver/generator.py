@@ -336,7 +336,7 @@ class Generator:
                 for j in range(k + 1):
                     target[j] = xp.argmax(main.logits[0, j])
             else:
-                p = sampler.warp(main.logits[0, :k + 1])  # the target's distribution after each position
+                p = sampler.warp_rows(main.logits[0, :k + 1])  # the target's distribution after each position
 
         # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens, or k
         #    drafts, a and the bonus).

@@ -213,6 +213,13 @@ class Sampler:
     def warp(self, logits):
         return warp(logits, self.params, self.xp)
 
+    def warp_rows(self, logits):
+        """warp of each row of [R, V] logits, computed one row at a time: each row's distribution is
+        then the one a draw from that row alone computes, and on CUDA each row's max and sum are
+        CuPy's device-wide reductions, where a reduction over the last axis of R rows runs one
+        thread block per row (CUB's segmented reduce)."""
+        return self.xp.stack([self.warp(row) for row in logits])
+
     def draw(self, logits, keep: list | None = None):
         """A token drawn from the warped distribution of one row of logits (a device integer);
         `keep` collects that distribution (the head's q, which the acceptance rule needs)."""

@@ -547,3 +547,19 @@ def test_good_values_in_any_numeric_type():
     assert params == SamplingParams(0.5, 3, 0.9, 2**64 - 1) and not params.greedy
     assert check_sampling(1, 0, 1, None) == SamplingParams(1.0, 0, 1.0, None)
     assert check_sampling(0, seed=3).greedy  # a seed with greedy decoding is allowed, and unused
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 1.0), (1.0, 50, 0.9), (0.5, 0, 0.8)])
+def test_warp_rows_is_each_rows_own_warp(temperature, top_k, top_p):
+    """The verify's distributions (Sampler.warp_rows, one row at a time) are what warp gives each row
+    alone, and on numpy what warp gives the rows together, bit for bit."""
+    from driver.sampling import Sampler
+
+    rng = np.random.default_rng(5)
+    sampler = Sampler(check_sampling(temperature, top_k, top_p, 1), np)
+    logits = (rng.standard_normal((4, 4096)) * 5).astype(np.float16)
+    rows = sampler.warp_rows(logits)
+    assert rows.shape == logits.shape and rows.dtype == np.float32
+    for row, alone in zip(rows, logits):
+        assert np.array_equal(row, sampler.warp(alone))
+    assert np.array_equal(rows, sampler.warp(logits))
