@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "gpu"))  # the GPU groups' modules (tests/gpu has no __init__.py)
@@ -51,6 +52,40 @@ def test_e2e_script_dry_run(tiny_folder, tmp_path):
             assert len(entry["tok_s_runs"]) == 2 and len(entry["tokens"]) == 6
             if name != "greedy":
                 assert entry["first_difference_from_greedy"] is None
+
+
+def test_kernel_profile_phase_attribution():
+    """bench/kernel_profile_27b.py gives each kernel to the phase range that holds its start (ranges
+    sorted or not), and to "outside phases" when none does."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from kernel_profile_27b import assign_to_ranges
+
+    ranges = [("verify", 20.0, 30.0), ("draft", 0.0, 10.0)]
+    kernels = [("gemv", 1.0, 4.0), ("gemv", 9.5, 2.0), ("argmax", 10.5, 1.0), ("gemv", 25.0, 3.0), ("gemv", 30.0, 1.0),
+               ("copy", 31.0, 0.5), ("early", -1.0, 0.5)]
+    out = assign_to_ranges(ranges, kernels)
+    assert dict(out["draft"]) == {"gemv": [6.0, 2]}
+    assert dict(out["verify"]) == {"gemv": [4.0, 2]}
+    assert dict(out["outside phases"]) == {"argmax": [1.0, 1], "copy": [0.5, 1], "early": [0.5, 1]}
+
+
+def test_kernel_profile_script_dry_run(tiny_folder, tmp_path):
+    """bench/kernel_profile_27b.py on the CPU EP (no kernels to record): the phase ranges are recorded
+    around the driver's phases and the JSON has each phase's wall time per round."""
+    import os
+
+    pytest.importorskip("torch", reason="the script profiles with torch.profiler")
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "kernel_profile_27b.py"), "--provider", "cpu",
+                           "--folder", str(tiny_folder), "--new-tokens", "8"],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OUT": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((tmp_path / "kernel_profile_27b.json").read_text())
+    assert [r["mode"] for r in report["runs"]] == ["greedy", "mtp"]
+    phases = report["phases"]
+    assert phases["rounds"] > 0 and phases["phase_ranges"] >= 3 * phases["rounds"]  # draft, verify, accept each round
+    for name in ("draft", "verify", "accept"):
+        assert phases["phases"][name]["wall_ms_per_round"] > 0 and phases["phases"][name]["kernels_per_round"] == 0
+    assert "kernel_ms_per_round" not in phases["phases"]["round"]
 
 
 def test_group_query_attention_bench_dry_run(tmp_path):

@@ -7,7 +7,8 @@
 #   bash bench/results/2026-12-05-verify-argmax/run.sh before    # e2e at 8fe1a96 (.devlib/before_py.tgz)
 #   bash bench/results/2026-12-05-verify-argmax/run.sh after     # e2e at this tree
 #   bash bench/results/2026-12-05-verify-argmax/run.sh side      # the side by side: ours, ORT's ops, onnxruntime-genai
-#   bash bench/results/2026-12-05-verify-argmax/run.sh profile   # kernel profile (cupy_cub_argmax should be gone)
+#   bash bench/results/2026-12-05-verify-argmax/run.sh profile   # kernel profile (cupy_cub_argmax should be gone) and
+#       the GPU kernel time inside each phase of a k=3 round against its wall time
 # Both e2e runs use the same library (.devlib/libort_mtp_ops.so.xz, this tree's csrc), each in its own
 # process: greedy and MTP k=1..4, 4 prompts x 256 new tokens, 2 repetitions, --phases, and sampled
 # decoding at T=0.7. Make the carried files with
@@ -36,7 +37,7 @@ case $1 in
   profile)
     st kernel profile
     OUT=$R timeout 150 python3 bench/kernel_profile_27b.py --json profile.json > $R/profile.log 2>&1; echo "profile rc $?" | tee -a $R/steps.log
-    grep -E "GPU kernels|^  [a-z]|argmax" $R/profile.log | cut -c1-150 ;;
+    grep -E "GPU kernels|round by phase|^  [a-z]|argmax" $R/profile.log | cut -c1-150 ;;
   *) echo "stage must be before, after, side or profile"; exit 2 ;;
 esac
 st done
