@@ -39,7 +39,10 @@ class SlotPromoter:
         records = self._ranges.get(key)
         if records is None:
             records = self._ranges[key] = self._slot_ranges(*key)
-        self._copy(records, cuda=self.device.name == "cuda", stream=self._stream.ptr if self._stream else 0)
+        try:
+            self._copy(records, cuda=self.device.name == "cuda", stream=self._stream.ptr if self._stream else 0)
+        except RuntimeError as e:  # the library's message (a CUDA error, say)
+            raise DriverError(f"promoting state slot {src_slot} to slot {dst_slot} failed: {e}") from None
         self.copies += 1
 
     def _slot_ranges(self, parity: int, src_slot: int, dst_slot: int) -> np.ndarray:

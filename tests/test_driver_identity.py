@@ -117,6 +117,21 @@ def test_slot_promotion_copies_one_slot_in_place(parity):
     assert promoter.copies == 1
 
 
+def test_slot_promotion_reports_a_failed_copy():
+    """A copy the library refuses (here a CUDA copy where the library has no GPU to run it, or no CUDA
+    kernels) is a DriverError naming the slots, not a bare RuntimeError."""
+    import ops
+
+    if ops.visible_gpus():
+        pytest.skip("needs a machine where a CUDA copy fails: no GPU")
+    runner = _Runner(window=4)
+    runner.device.name = "cuda"  # host buffers handed to the CUDA path: the library refuses them
+    promoter = SlotPromoter(runner)
+    with pytest.raises(DriverError, match=r"promoting state slot 1 to slot 3 failed: "):
+        promoter.promote(1, 3)
+    assert promoter.copies == 0
+
+
 def test_slot_promotion_refuses_a_slot_outside_the_window():
     promoter = SlotPromoter(_Runner(window=4))
     with pytest.raises(DriverError, match=r"slots \(4, 3\) out of range for a state of 4 slots"):
