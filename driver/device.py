@@ -73,6 +73,18 @@ class CpuDevice:
     def to_host(self, array) -> np.ndarray:
         return np.asarray(array)
 
+    def host_buffer(self, shape, dtype) -> np.ndarray:
+        """Host memory that start_to_host can copy into without waiting (plain memory on the CPU)."""
+        return np.empty(shape, dtype=dtype)
+
+    def start_to_host(self, array, out: np.ndarray):
+        """Copies `array` into `out` (from host_buffer); returns what wait_to_host takes. The CPU's runs
+        are synchronous, so the copy is done here."""
+        out[...] = array
+
+    def wait_to_host(self, started) -> None:
+        pass
+
     def synchronize(self) -> None:
         pass
 
@@ -94,6 +106,7 @@ class CpuDevice:
 
 
 _STREAMS: dict[int, object] = {}  # one stream per GPU, shared by every Generator of the process
+_DEVICE_TO_HOST = 2  # cudaMemcpyKind cudaMemcpyDeviceToHost (cuda_runtime_api.h)
 
 
 class CudaDevice:
@@ -139,6 +152,26 @@ class CudaDevice:
 
     def to_host(self, array) -> np.ndarray:
         return self.xp.asnumpy(array, stream=self.stream)  # waits for the stream up to this copy
+
+    def host_buffer(self, shape, dtype) -> np.ndarray:
+        """Page-locked host memory: a copy into it is asynchronous (start_to_host)."""
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape))
+        memory = self.xp.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+        return np.frombuffer(memory, dtype, count).reshape(shape)
+
+    def start_to_host(self, array, out: np.ndarray):
+        """Queues a copy of `array` (contiguous, on the device) into `out` (from host_buffer) on the
+        stream, after the work queued so far, without waiting for it; returns the event that
+        wait_to_host waits for. Work queued after it does not delay it."""
+        cupy = self.xp
+        cupy.cuda.runtime.memcpyAsync(out.ctypes.data, array.data.ptr, array.nbytes, _DEVICE_TO_HOST, self.stream.ptr)
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(self.stream)
+        return event
+
+    def wait_to_host(self, started) -> None:
+        started.synchronize()
 
     def synchronize(self) -> None:
         self.stream.synchronize()

@@ -110,6 +110,7 @@ class Generator:
         # A round's drafts [0, k) and the verify's target tokens [k, 2k+1), side by side so that the
         # accept reads both with one device-to-host copy.
         self._round_ids = self.device.zeros((2 * MAX_DRAFT_TOKENS + 1,), np.int64)
+        self._token_host = [self.device.host_buffer((1,), np.int64) for _ in range(2)]  # _decode_run's copies
         if mode == "mtp":
             spec = folder.require_mtp()
             session, swapped = create_session(spec, self.device, self.max_length, rewrite, capture, pack)
@@ -201,10 +202,9 @@ class Generator:
         while not done:
             remaining = max_new_tokens - len(out)
             k_round = min(k, remaining - 1) if mode == "mtp" else 0
-            if k_round < 1:  # greedy, or one token left: a plain width-1 decode step
-                t = self._decode_step(t, stats, sampler)
-                done = emit([t])
-                continue
+            if k_round < 1:  # greedy (every token left), or MTP's last token: width-1 forwards
+                self._decode_run(t, remaining, stats, sampler, emit)
+                break
             tokens, pending = self._mtp_round(t, k_round, pending, stats, profiler, sampler)
             t = tokens[-1]
             done = emit(tokens)
@@ -269,16 +269,37 @@ class Generator:
             head.ids[0, 0] = t
         return t
 
-    def _decode_step(self, t: int, stats: Stats, sampler: Sampler | None) -> int:
-        """Greedy (or plain sampling): one width-1 forward of t; returns the next token. (MTP uses it
-        for a generation's last token, when there is no room for a draft; the head is not needed
-        after it.)"""
-        main = self.main
+    def _decode_run(self, t: int, tokens: int, stats: Stats, sampler: Sampler | None, emit) -> None:
+        """Greedy (or plain sampling): width-1 forwards from token t, each token passed to emit, until
+        `tokens` tokens or emit says the generation is over (EOS). (MTP uses it for a generation's last
+        token, when there is no room for a draft.)
+
+        Each forward's token goes into the ids buffer on the device, as the next forward's input, and
+        to the host by an asynchronous copy that the host waits for only after it has queued the next
+        forward: on CUDA the GPU then runs forward after forward without waiting for the host's
+        round trip in between (on the CPU, where runs are synchronous, the order is all that changes).
+        The forward queued after an EOS token is wasted: counted in stats, its token never emitted."""
+        main, device = self.main, self.device
         main.ids[0, 0] = t
-        main.forward(1)
-        main.advance(1)
-        stats.forwards["decode"] += 1
-        return int(self.device.to_host(self._pick(main.logits[0, 0], sampler)))
+        copying = None  # the last token's (copy, host buffer): copied, not yet emitted
+        for i in range(tokens):
+            main.forward(1)
+            main.advance(1)
+            stats.forwards["decode"] += 1
+            token = self._pick(main.logits[0, 0], sampler).astype(np.int64, copy=False)
+            main.ids[0, 0] = token  # the next forward's input, without the host
+            buffer = self._token_host[i % 2]  # the other one may still be read below
+            started = device.start_to_host(token, buffer)
+            if copying is not None and self._emit_copied(copying, emit):
+                return
+            copying = (started, buffer)
+        self._emit_copied(copying, emit)
+
+    def _emit_copied(self, copying, emit) -> bool:
+        """Waits for a token's copy to the host and emits it; True when the generation is over."""
+        started, buffer = copying
+        self.device.wait_to_host(started)
+        return emit([int(buffer[0])])
 
     def _pick(self, logits, sampler: Sampler | None, keep: list | None = None):
         """The token after one row of logits, as a device integer: its argmax (greedy), or a draw

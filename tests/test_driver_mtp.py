@@ -135,8 +135,14 @@ def test_generation_stops_at_eos_and_at_max_tokens(tiny_folder, monkeypatch):
     stop = greedy[5]
     monkeypatch.setattr(gen, "eos", {stop})
     expected = greedy[:greedy.index(stop) + 1]
-    assert gen.generate(ids, 12, mode="greedy").tokens == expected
+    stopped = gen.generate(ids, 12, mode="greedy")
+    assert stopped.tokens == expected
+    # the decode loop reads each token one forward late, so the forward queued after the end-of-text
+    # token ran (counted) and its token was dropped: len(expected) - 1 forwards made tokens, one more ran
+    assert stopped.stats.forwards["decode"] == len(expected) < 12
     assert gen.generate(ids, 12).tokens == expected
+    monkeypatch.setattr(gen, "eos", set())
+    assert gen.generate(ids, 12, mode="greedy").tokens == greedy  # nothing of the dropped forward is left
 
 
 def test_profiler_reports_phases_only_when_asked(tiny_folder, monkeypatch):

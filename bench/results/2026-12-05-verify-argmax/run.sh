@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Prepared 2026-12-05, not yet run (no device time was left): the verify's argmax row by row (3b44a27:
 # CuPy's 1-D device-wide reduction per row instead of one reduction over the last axis of [k+1, V],
-# which runs one thread block per row: 0.35 ms per verify in bench/results/2026-12-05-mlp-cuda/c/profile.json)
-# and the sampled verify's distributions row by row (889ac2c). On the device (an H200 for the README's
-# table), after the setup chunks, one call per stage, back to back:
+# which runs one thread block per row: 0.35 ms per verify in bench/results/2026-12-05-mlp-cuda/c/profile.json),
+# the sampled verify's distributions row by row (889ac2c), and greedy's host reading each token one forward
+# late (the greedy column of before/after: the GPU no longer waits for the host between forwards). On the
+# device (an H200 for the README's table), after the setup chunks, one call per stage, back to back:
+#   bash bench/results/2026-12-05-verify-argmax/run.sh check     # driver_cuda_check on tiny and small: greedy
+#       eager == graphs, MTP == greedy at k = 1..3 and replay (the CUDA code of these changes; run it first)
 #   bash bench/results/2026-12-05-verify-argmax/run.sh before    # e2e at 8fe1a96 (.devlib/before_py.tgz)
 #   bash bench/results/2026-12-05-verify-argmax/run.sh after     # e2e at this tree
 #   bash bench/results/2026-12-05-verify-argmax/run.sh side      # the side by side: ours, ORT's ops, onnxruntime-genai
@@ -20,6 +23,11 @@ export PYTHONUNBUFFERED=1
 source bench/device_library.sh
 device_run_start $1
 case $1 in
+  check)
+    st driver check
+    timeout 200 python3 bench/driver_cuda_check.py run --presets tiny,small --fixtures /tmp/no-genai-fixtures --out $R \
+      > $R/driver_check.log 2>&1; echo "driver check rc $?" | tee -a $R/steps.log
+    grep -E "^\S.*\[(eager|graphs)\]|mtp_k|Error|error" $R/driver_check.log | cut -c1-220 ;;
   before|after)
     dir=$PWD
     if [ $1 = before ]; then
@@ -38,7 +46,7 @@ case $1 in
     st kernel profile
     OUT=$R timeout 150 python3 bench/kernel_profile_27b.py --json profile.json > $R/profile.log 2>&1; echo "profile rc $?" | tee -a $R/steps.log
     grep -E "GPU kernels|round by phase|^  [a-z]|argmax" $R/profile.log | cut -c1-150 ;;
-  *) echo "stage must be before, after, side or profile"; exit 2 ;;
+  *) echo "stage must be check, before, after, side or profile"; exit 2 ;;
 esac
 st done
 pack
