@@ -157,14 +157,25 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
     rows = {}
     greedy_tokens = []
     peak = device_memory_used()
+
+    def run(mode, k, ids):
+        return by_mode[mode].generate(ids, new_tokens, mode=mode, stop_at_eos=False, **({"draft_tokens": k} if k else {}))
+
+    for mode, k in MODES:  # warm-up: captures every width's CUDA graphs
+        for ids in prompts:
+            run(mode, k, ids)
+    # The measured passes go repetition by repetition over every mode and prompt, so that a drift of the
+    # machine during the run (clocks, temperature, a neighbour's load) falls on every mode alike rather
+    # than on the modes timed last.
+    passes = {(mode, k, p): [] for mode, k in MODES for p in range(len(prompts))}
+    for _ in range(repetitions):
+        for mode, k in MODES:
+            for p, ids in enumerate(prompts):
+                passes[(mode, k, p)].append(run(mode, k, ids))
     for mode, k in MODES:
         per_prompt = []
         for p, ids in enumerate(prompts):
-            kwargs = {"mode": mode, "stop_at_eos": False}
-            if k:
-                kwargs["draft_tokens"] = k
-            by_mode[mode].generate(ids, new_tokens, **kwargs)  # warm-up: captures this width's CUDA graphs
-            runs = [by_mode[mode].generate(ids, new_tokens, **kwargs) for _ in range(repetitions)]
+            runs = passes[(mode, k, p)]
             result = runs[-1]
             stats = result.stats.as_dict()
             forwards = stats["forwards"]
