@@ -158,8 +158,9 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
     greedy_tokens = []
     peak = device_memory_used()
 
-    def run(mode, k, ids):
-        return by_mode[mode].generate(ids, new_tokens, mode=mode, stop_at_eos=False, **({"draft_tokens": k} if k else {}))
+    def run(mode, k, ids, generator=None):
+        return (generator or by_mode[mode]).generate(ids, new_tokens, mode=mode, stop_at_eos=False,
+                                                     **({"draft_tokens": k} if k else {}))
 
     for mode, k in MODES:  # warm-up: captures every width's CUDA graphs
         for ids in prompts:
@@ -207,9 +208,8 @@ def run_configuration(folder: Path, provider: str, rewrite, prompts: list[list[i
     if phases:
         profiled = Generator(folder, provider=provider, mode="mtp", rewrite=rewrite, profile=True)
         for mode, k in MODES:
-            kwargs = {"mode": mode, "stop_at_eos": False, **({"draft_tokens": k} if k else {})}
-            profiled.generate(prompts[0], new_tokens, **kwargs)
-            stats = profiled.generate(prompts[0], new_tokens, **kwargs).stats.as_dict()
+            run(mode, k, prompts[0], profiled)
+            stats = run(mode, k, prompts[0], profiled).stats.as_dict()
             rows[mode if not k else f"mtp_k{k}"]["phase_ms_per_round"] = stats.get("phase_ms_per_round")
         del profiled
     sampled = {str(t): run_sampled(by_mode, prompts, new_tokens, t, label) for t in temperatures}

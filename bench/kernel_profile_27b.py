@@ -60,14 +60,18 @@ def family(name: str) -> str:
     return "elementwise / other"
 
 
+def device_us(ev) -> float:
+    """A CUDA event's GPU microseconds (torch renamed cuda_time to device_time)."""
+    return ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
+
+
 def kernel_times(prof) -> dict:
     """{kernel name: [GPU microseconds, calls]} over a torch.profiler run's CUDA events."""
     kernels = defaultdict(lambda: [0.0, 0])
     for ev in prof.events():
         if ev.device_type.name != "CUDA":
             continue
-        us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-        kernels[ev.name][0] += us
+        kernels[ev.name][0] += device_us(ev)
         kernels[ev.name][1] += 1
     return kernels
 
@@ -174,8 +178,7 @@ def phase_profile(gen, prompt: list[int], new_tokens: int, k: int, provider: str
             if not on_device:
                 ranges.append((ev.name[len(PHASE_RANGE):], ev.time_range.start, ev.time_range.end))
         elif on_device:
-            us = ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
-            kernels.append((ev.name, ev.time_range.start, us))
+            kernels.append((ev.name, ev.time_range.start, device_us(ev)))
     by_phase = assign_to_ranges(ranges, kernels)
     stats = result.stats.as_dict()
     rounds = max(result.stats.rounds, 1)

@@ -30,7 +30,8 @@ class SlotPromoter:
             self._copy = RangeCopier()
         except ops.LibraryNotFoundError as e:
             raise DriverError(str(e)) from None
-        self._stream = getattr(self.device, "stream", None)
+        self._cuda = self.device.name == "cuda"
+        self._stream = self.device.stream.ptr if self._cuda else 0  # the model's stream (CuPy's, shared with ORT)
         self._ranges: dict[tuple[int, int, int], np.ndarray] = {}
         self.copies = 0
 
@@ -40,7 +41,7 @@ class SlotPromoter:
         if records is None:
             records = self._ranges[key] = self._slot_ranges(*key)
         try:
-            self._copy(records, cuda=self.device.name == "cuda", stream=self._stream.ptr if self._stream else 0)
+            self._copy(records, cuda=self._cuda, stream=self._stream)
         except RuntimeError as e:  # the library's message (a CUDA error, say)
             raise DriverError(f"promoting state slot {src_slot} to slot {dst_slot} failed: {e}") from None
         self.copies += 1

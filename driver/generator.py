@@ -362,15 +362,17 @@ class Generator:
         # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens, or k
         #    drafts, a and the bonus).
         with phase("accept"):
-            early = self._commit_keeps_verify_rows(k)
-            if early:
-                # The head's next input rows (step 5), queued ahead of the synchronisation so that the
-                # device copies them while the host waits: every one of the k+1 rows (the next head
-                # forward reads the first a+1). Greedy's ids are the target's tokens: an accepted
-                # draft equals the target's token at its position, and the bonus is the next one.
+            # The head's next input rows (step 5), queued ahead of the synchronisation where they do not
+            # depend on a, so that the device copies them while the host waits: every one of the k+1
+            # rows (the next head forward reads the first a+1). The hidden rows are the verify's where
+            # the commit keeps them; greedy's ids are the target's tokens (an accepted draft equals the
+            # target's token at its position, and the bonus is the next one).
+            early_hidden = self._commit_keeps_verify_rows(k)
+            early_ids = early_hidden and sampler is None
+            if early_hidden:
                 head.hidden_in[0, :k + 1] = main.hidden[0, :k + 1]
-                if sampler is None:
-                    head.ids[0, :k + 1] = target
+            if early_ids:
+                head.ids[0, :k + 1] = target
             if sampler is None:
                 both = self.device.to_host(self._round_ids[:2 * k + 1])
                 drafted, wanted = both[:k].tolist(), both[k:].tolist()
@@ -396,9 +398,9 @@ class Generator:
         # 5. Leave the head's next input rows: (h_L+j, d_j) for the accepted drafts and (h_L+a, bonus),
         #    hidden rows from the forward that committed them (verify or re-advance). Already queued in
         #    step 3 where the verify's rows are the committed ones (and, greedy, the ids too).
-        if not early:
+        if not early_hidden:
             head.hidden_in[0, :a + 1] = main.hidden[0, :a + 1]
-        if not early or sampler is not None:
+        if not early_ids:
             head.ids[0, :a] = drafts[:a]
             head.ids[0, a] = bonus
         if profiler:

@@ -125,7 +125,12 @@ def test_slot_promotion_reports_a_failed_copy():
     if ops.visible_gpus():
         pytest.skip("needs a machine where a CUDA copy fails: no GPU")
     runner = _Runner(window=4)
-    runner.device.name = "cuda"  # host buffers handed to the CUDA path: the library refuses them
+
+    class HostBuffersAsCuda(CpuDevice):  # host buffers handed to the CUDA path: the library refuses them
+        name = "cuda"
+        stream = type("Stream", (), {"ptr": 0})()
+
+    runner.device = HostBuffersAsCuda()
     promoter = SlotPromoter(runner)
     with pytest.raises(DriverError, match=r"promoting state slot 1 to slot 3 failed: "):
         promoter.promote(1, 3)

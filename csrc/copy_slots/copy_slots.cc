@@ -183,10 +183,11 @@ void AddCopySlotsOps(Ort::CustomOpDomain& domain, bool with_cuda) {
 // driver's slot promotion (driver/copy_slots.py, through ctypes) after every partly accepted MTP
 // round. A one-node session's run is ORT's per-run host work around a copy that takes the device tens
 // of microseconds, and the GPU has nothing else queued while the host does that work (the round has
-// just synchronised to read the accepted count). `ranges` is `count` records of (const void* src, void* dst, uint64_t bytes), 24 bytes each
-// (ort_mtp::CopyRange), that do not overlap; `cuda` nonzero: device pointers, copied on `stream` (a
-// cudaStream_t; null: the legacy default stream); zero: host pointers, copied by memmove. Returns null
-// on success, else a message saying what failed (static storage: the caller does not free it).
+// just synchronised to read the accepted count). `ranges` is `count` records of (const void* src,
+// void* dst, uint64_t bytes), 24 bytes each (ort_mtp::CopyRange), that do not overlap; `cuda` nonzero:
+// device pointers, copied on `stream` (a cudaStream_t; null: the legacy default stream); zero: host
+// pointers, copied by memmove. Returns null on success, else a message saying what failed (static
+// storage: the caller does not free it).
 extern "C" __attribute__((visibility("default"))) const char* OrtMtpCopyRanges(const void* ranges, uint64_t count,
                                                                               int cuda, void* stream) {
   static_assert(sizeof(ort_mtp::CopyRange) == 24, "the C entry's record layout");
