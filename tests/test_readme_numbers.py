@@ -111,3 +111,14 @@ def test_every_markdown_link_resolves():
             elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
                 broken.append(f"{doc.name}: {target} (no such heading)")
     assert seen > 20 and not broken, broken
+
+
+def test_the_results_index_lists_every_run_folder():
+    """bench/results/README.md's table names every folder under bench/results (each with its README) and
+    nothing else: a run committed without its row, or a row left after its folder went, fails here."""
+    results = REPO / "bench" / "results"
+    index = (results / "README.md").read_text()
+    listed = set(re.findall(r"^\|[^|\n]*\|[^|\n]*\| \[[^\]]*\]\(([^)/]+)/README\.md\)", index, re.M))
+    folders = {p.name for p in results.iterdir() if p.is_dir()}
+    assert listed == folders, {"not in the table": sorted(folders - listed), "no such folder": sorted(listed - folders)}
+    assert all((results / name / "README.md").is_file() for name in folders)
