@@ -37,6 +37,7 @@ class CpuDevice:
     ort_device = "cpu"
     device_id = 0
     graph_capture = False
+    asynchronous = False  # a run returns when its work is done: host work cannot overlap it
 
     def __init__(self, threads: int | None = None):
         self.xp = np
@@ -114,6 +115,7 @@ class CudaDevice:
 
     name = "cuda"
     ort_device = "cuda"
+    asynchronous = True  # a run returns once queued: the host can work while the GPU runs it
 
     def __init__(self, device_id: int = 0, graph_capture: bool = True):
         cupy = _cuda_prerequisites(device_id)

@@ -12,6 +12,9 @@ Loop-carried state between rounds (see docs/driver.md for the table):
   pending          accepted drafts of the last round whose pairs are not yet in the head's cache; their
                    rows (plus the row for t) wait in head.hidden_in / head.ids and go in with the next
                    round's first draft forward
+  ahead            the last round already queued that forward (Generator.head_ahead, CUDA's default:
+                   over all k+1 rows, before the accept's synchronisation, so the GPU runs it while
+                   the host decides)
 The MTP round, top to bottom, is `_mtp_round`; the three ways it commits are in `_commit`.
 
 Sampling (temperature > 0; driver/sampling.py has the math): every token the greedy loop takes as an
@@ -111,6 +114,11 @@ class Generator:
         # accept reads both with one device-to-host copy.
         self._round_ids = self.device.zeros((2 * MAX_DRAFT_TOKENS + 1,), np.int64)
         self._token_host = [self.device.host_buffer((1,), np.int64) for _ in range(2)]  # _decode_run's copies
+        self._round_host = self.device.host_buffer((2 * MAX_DRAFT_TOKENS + 1,), np.int64)  # the accept's copy
+        # Queue the next round's first head forward before the accept's synchronisation (_mtp_round):
+        # where runs are asynchronous (CUDA) the GPU runs it while the host decides the accept. On the
+        # CPU it would only run a wider forward than needed.
+        self.head_ahead = self.device.asynchronous
         if mode == "mtp":
             spec = folder.require_mtp()
             session, swapped = create_session(spec, self.device, self.max_length, rewrite, capture, pack)
@@ -199,13 +207,17 @@ class Generator:
         start = time.perf_counter()
         done = emit([t])
         pending = 0
+        ahead = False  # the last round queued this round's first head forward
         while not done:
             remaining = max_new_tokens - len(out)
             k_round = min(k, remaining - 1) if mode == "mtp" else 0
             if k_round < 1:  # greedy (every token left), or MTP's last token: width-1 forwards
                 self._decode_run(t, remaining, stats, sampler, emit)
                 break
-            tokens, pending = self._mtp_round(t, k_round, pending, stats, profiler, sampler)
+            # another MTP round surely follows this one (unless EOS) when, even with all k_round drafts
+            # accepted, at least 2 tokens are left after it
+            tokens, pending, ahead = self._mtp_round(t, k_round, pending, ahead, remaining >= k_round + 3,
+                                                     stats, profiler, sampler)
             t = tokens[-1]
             done = emit(tokens)
         self.device.synchronize()
@@ -310,13 +322,15 @@ class Generator:
 
     # -- MTP ------------------------------------------------------------------------------------------
 
-    def _mtp_round(self, t: int, k: int, pending: int, stats: Stats, profiler,
-                   sampler: Sampler | None) -> tuple[list[int], int]:
+    def _mtp_round(self, t: int, k: int, pending: int, ahead: bool, more: bool, stats: Stats, profiler,
+                   sampler: Sampler | None) -> tuple[list[int], int, bool]:
         """One round: draft k tokens with the head, verify [t, d_0..d_k-1] in one forward of width
         k+1, accept the longest prefix the target agrees with plus its bonus token, commit.
-        Returns the committed tokens (accepted drafts + bonus) and the new pending count.
-        Sampling: the drafts are drawn from the head's warped distributions q_j, and accepted by
-        speculative sampling's rule against the target's p_j; the bonus is then a draw too."""
+        Returns the committed tokens (accepted drafts + bonus), the new pending count, and whether
+        the next round's first head forward is already queued (`ahead` for the next call: it is
+        queued where `more`, another round follows, and the head's input rows are known before the
+        accept). Sampling: the drafts are drawn from the head's warped distributions q_j, and
+        accepted by speculative sampling's rule against the target's p_j; the bonus is then a draw too."""
         main, head, xp = self.main, self.head, self.device.xp
         phase = profiler.phase if profiler else _no_phase
         if profiler:
@@ -329,7 +343,9 @@ class Generator:
         #    Then the head chains on its own hidden: (g_j-1, d_j-1) -> d_j.
         with phase("draft"):
             drafts = self._round_ids[:k]
-            head.forward(pending + 1)
+            if not ahead:  # else the last round queued it, wider (step 3)
+                head.forward(pending + 1)
+                stats.forwards["head"] += 1
             head.advance(pending + 1)
             drafts[0] = self._pick(head.logits[0, pending], sampler, q)
             for j in range(1, k):
@@ -339,7 +355,7 @@ class Generator:
                 head.advance(1)
                 drafts[j] = self._pick(head.logits[0, 0], sampler, q)
             head.rewind(L)  # the chained steps were speculative: keep pairs up to (h_L-1, t)
-            stats.forwards["head"] += k
+            stats.forwards["head"] += k - 1
 
         # 2. Verify [t, d_0 .. d_k-1] in one forward of width k+1.
         with phase("verify"):
@@ -361,20 +377,35 @@ class Generator:
 
         # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens, or k
         #    drafts, a and the bonus).
+        early_hidden = self._commit_keeps_verify_rows(k)
+        early_ids = early_hidden and sampler is None
         with phase("accept"):
             # The head's next input rows (step 5), queued ahead of the synchronisation where they do not
             # depend on a, so that the device copies them while the host waits: every one of the k+1
             # rows (the next head forward reads the first a+1). The hidden rows are the verify's where
             # the commit keeps them; greedy's ids are the target's tokens (an accepted draft equals the
             # target's token at its position, and the bonus is the next one).
-            early_hidden = self._commit_keeps_verify_rows(k)
-            early_ids = early_hidden and sampler is None
             if early_hidden:
                 head.hidden_in[0, :k + 1] = main.hidden[0, :k + 1]
             if early_ids:
                 head.ids[0, :k + 1] = target
             if sampler is None:
-                both = self.device.to_host(self._round_ids[:2 * k + 1])
+                both = self._round_host[:2 * k + 1]
+                copied = self.device.start_to_host(self._round_ids[:2 * k + 1], both)
+        # With all k+1 rows in place, the next round's first head forward needs nothing from the host
+        # but a: queued now over all k+1 rows at the head's length (L), it runs while the host waits
+        # for the copy above and decides. Its rows 0..a are those the next round reads (row j attends
+        # only to the cache and rows <= j, and a row's result does not depend on the forward's width);
+        # the rows after a are never read, and the KV rows they write lie past the head's length, for
+        # the next forwards to overwrite.
+        go_ahead = early_ids and more and self.head_ahead
+        if go_ahead:
+            with phase("draft"):
+                head.forward(k + 1)
+            stats.forwards["head"] += 1
+        with phase("accept"):
+            if sampler is None:
+                self.device.wait_to_host(copied)
                 drafted, wanted = both[:k].tolist(), both[k:].tolist()
                 a = 0
                 while a < k and drafted[a] == wanted[a]:
@@ -405,7 +436,7 @@ class Generator:
             head.ids[0, a] = bonus
         if profiler:
             profiler.end_round()
-        return drafted[:a] + [bonus], a
+        return drafted[:a] + [bonus], a, go_ahead
 
     def _commit_keeps_verify_rows(self, k: int) -> bool:
         """Whether _commit keeps the verify's hidden rows for every a (full or promote), i.e. never

@@ -52,6 +52,36 @@ def test_mtp_equals_greedy_over_prompts(generator, greedy_streams, k):
     assert 0 < totals["accepted"] < totals["drafted"]
 
 
+@pytest.mark.parametrize("k", [1, 3, 4])
+def test_head_forward_queued_ahead_changes_no_draft(tiny_folder, greedy_streams, k):
+    """Generator.head_ahead (on by default where runs are asynchronous, CUDA) queues the next round's
+    first head forward before the accept, over all k+1 rows instead of the a+1 the round reads. Forced
+    on here: every draft, hence the acceptance and the tokens, are those of the default CPU path, and
+    the queued forwards replace the rounds' first head forwards one for one. A generation that fills
+    max_length exactly never runs a head forward past it."""
+    plain = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=k, max_length=128, threads=1)
+    ahead = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=k, max_length=128, threads=1)
+    assert not plain.head_ahead
+    ahead.head_ahead = True
+    widths = {"plain": [], "ahead": []}
+    for name, gen in (("plain", plain), ("ahead", ahead)):
+        gen.head.forward = lambda width, run=gen.head.forward, seen=widths[name]: (seen.append(width), run(width))[1]
+    for prompt in PROMPTS[:8]:
+        want = plain.generate(prompt, NEW_TOKENS, stop_at_eos=False)
+        got = ahead.generate(prompt, NEW_TOKENS, stop_at_eos=False)
+        assert got.tokens == want.tokens == greedy_streams[prompt]
+        s, w = got.stats, want.stats
+        assert (s.accepted, s.drafted, s.rounds, s.commits) == (w.accepted, w.drafted, w.rounds, w.commits)
+        assert s.forwards["head"] == w.forwards["head"] == s.drafted
+    # the same number of head forwards, but the rounds' first ones k+1 wide where they were queued ahead
+    assert len(widths["ahead"]) == len(widths["plain"])
+    assert widths["ahead"].count(k + 1) > widths["plain"].count(k + 1)
+    prompt = list(range(3, 3 + 128 - 40))
+    full = ahead.generate(prompt, 40, stop_at_eos=False)
+    assert full.tokens == plain.generate(prompt, 40, stop_at_eos=False).tokens
+    assert ahead.head.length <= 128
+
+
 @pytest.fixture(scope="module")
 def windowed_tiny(tmp_path_factory):
     """The tiny preset exported with state_window=4 for the CPU EP: the same weights as tiny_folder, the
