@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Prepared 2026-12-05, not yet run (no device time was left): Generator.head_ahead (8530894), the next
+# MTP round's first head forward queued before the accept's synchronisation on CUDA, so that the GPU
+# runs it while the host decides the accept and commits. Predicted: the GPU's idle gap after each
+# round's synchronisation (~0.1-0.2 ms of a ~10 ms k=3 round on the H100) mostly gone, less the head
+# forward's wider M (k+1 rows instead of a+1: a few % of a ~0.4 ms head forward): +1-2% at k = 2..4.
+# On the device, after the setup chunks, one call per stage, back to back:
+#   bash bench/results/2026-12-05-head-ahead/run.sh check   # driver_cuda_check on tiny and small: MTP == greedy
+#       (eager and graphs, k = 1..3 and replay) with head_ahead on, CUDA's default (run it first; revert
+#       8530894 if it fails)
+#   bash bench/results/2026-12-05-head-ahead/run.sh ab      # ab.py: head_ahead on / off, interleaved in one
+#       process on one Generator, 4 prompts x 256 new tokens, 3 repetitions, k = 1..4
+#   bash bench/results/2026-12-05-head-ahead/run.sh side    # on an H200: the side by side for README.md
+# The library as bench/device_library.sh says (.devlib/libort_mtp_ops.so.xz, this tree's csrc).
+set -u
+export PYTHONUNBUFFERED=1
+source bench/device_library.sh
+device_run_start $1
+case $1 in
+  check)
+    st driver check
+    timeout 200 python3 bench/driver_cuda_check.py run --presets tiny,small --fixtures /tmp/no-genai-fixtures --out $R \
+      > $R/driver_check.log 2>&1; echo "driver check rc $?" | tee -a $R/steps.log
+    grep -E "^\S.*\[(eager|graphs)\]|mtp_k|Error|error" $R/driver_check.log | cut -c1-220 ;;
+  ab)
+    st head_ahead a/b
+    OUT=$R timeout 560 python3 bench/results/2026-12-05-head-ahead/ab.py --prompts 4 --new-tokens 256 \
+      --repetitions 3 > $R/ab.log 2>&1; echo "ab rc $?" | tee -a $R/steps.log
+    grep -v "W:onnxruntime" $R/ab.log | tail -8 | cut -c1-300 ;;
+  side)
+    st side by side
+    OUT=$R timeout 585 python3 bench/e2e_27b.py --configurations ours,ort,genai --prompts 4 --new-tokens 256 \
+      --repetitions 3 --ort-repetitions 1 --phases --skip-identity > $R/e2e.log 2>&1; echo "e2e rc $?" | tee -a $R/steps.log
+    grep -v "W:onnxruntime" $R/e2e.log | tail -24 ;;
+  *) echo "stage must be check, ab or side"; exit 2 ;;
+esac
+st done
+pack
