@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared 2026-12-05, not yet run (no device time was left): the verify's argmax row by row (3b44a27:
+# Prepared 2026-12-05, run the next session on an H100 (README.md has the results): the verify's argmax row by row (3b44a27:
 # CuPy's 1-D device-wide reduction per row instead of one reduction over the last axis of [k+1, V],
 # which runs one thread block per row: 0.35 ms per verify in bench/results/2026-12-05-mlp-cuda/c/profile.json),
 # the sampled verify's distributions row by row (889ac2c), and greedy's host reading each token one forward
