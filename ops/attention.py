@@ -17,8 +17,8 @@ from onnxscript.rewriter import RewriteRule
 
 from . import DOMAIN, probe
 from .group_query_attention import OP, GqaConfig, model
-from .patterns import SOURCE_DOMAIN, PatternMismatch, Rewrite, attribute, check, unknown_attributes
-from .rewrite import ATTENTION
+from .kinds import ATTENTION, SOURCE_DOMAIN
+from .patterns import PatternMismatch, Rewrite, attribute, check, unknown_attributes
 
 _KNOWN = {"num_heads", "kv_num_heads", "scale", "softcap", "local_window_size", "do_rotary", "rotary_interleaved",
           "smooth_softmax"}

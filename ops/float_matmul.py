@@ -30,8 +30,8 @@ import onnx_ir as ir
 from onnxscript.rewriter import RewriteRule
 
 from . import DOMAIN, probe
+from .kinds import FLOAT_MATMUL
 from .patterns import PatternMismatch, Rewrite, check
-from .rewrite import FLOAT_MATMUL
 
 OP = "MatMul"
 MAX_N = 1024

@@ -37,9 +37,18 @@ from onnxscript.rewriter import RewriteRule
 from . import DOMAIN, probe
 from .group_query_attention import GqaConfig
 from .group_query_attention import reference as gqa_reference
-from .linear_attention import _check_reshape
-from .patterns import PatternMismatch, Rewrite, attribute, check, dims, label, small_constant, unknown_attributes
-from .rewrite import GATED_ATTENTION
+from .kinds import GATED_ATTENTION
+from .patterns import (
+    PatternMismatch,
+    Rewrite,
+    attribute,
+    check,
+    check_reshape,
+    dims,
+    label,
+    small_constant,
+    unknown_attributes,
+)
 
 OP = "GatedAttention"
 MS = "com.microsoft"
@@ -357,17 +366,17 @@ class GatedAttentionRewrite(Rewrite):
         halves = [int(x) for x in np.ravel(small_constant(v["qg_sizes"], "the q/gate split sizes", n["q4"]))]
         if halves != [H, H]:
             raise PatternMismatch(n["q4"], f"split sizes {halves} are not [{H}, {H}]")
-        _check_reshape(n["qg"], v["qg_shape"], [nq, 2 * H])
-        _check_reshape(n["q"], v["q_shape"], [nq * H])
-        _check_reshape(n["gate"], v["g_shape"], [nq * H])
+        check_reshape(n["qg"], v["qg_shape"], [nq, 2 * H])
+        check_reshape(n["q"], v["q_shape"], [nq * H])
+        check_reshape(n["gate"], v["g_shape"], [nq * H])
 
         norms, ropes = [], []
         for which, heads in (("q", nq), ("k", nkv)):
             for node in (n[f"{which}_flat"], n[f"{which}_norm"]):
                 if attribute(node, "allowzero", 0) != 0:
                     raise PatternMismatch(node, "allowzero=1 is not supported")
-            _check_reshape(n[f"{which}_flat"], v[f"{which}_flat_shape"], [H])
-            _check_reshape(n[f"{which}_norm"], v[f"{which}_unflat_shape"], [heads * H])
+            check_reshape(n[f"{which}_flat"], v[f"{which}_flat_shape"], [H])
+            check_reshape(n[f"{which}_norm"], v[f"{which}_unflat_shape"], [heads * H])
             norm = n[f"{which}_normed"]
             bad = unknown_attributes(norm, ("epsilon", "axis", "stash_type"))
             if bad:

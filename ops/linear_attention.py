@@ -39,18 +39,18 @@ from onnxscript.rewriter import RewriteRule
 from onnxscript.rewriter.pattern import Var
 
 from . import DOMAIN, probe
+from .kinds import LINEAR_ATTENTION, SOURCE_DOMAIN
 from .patterns import (
-    SOURCE_DOMAIN,
     PatternMismatch,
     Rewrite,
     attribute,
     check,
+    check_reshape,
     dims,
     label,
     small_constant,
     unknown_attributes,
 )
-from .rewrite import LINEAR_ATTENTION
 
 GATED_DELTA_NET = "GatedDeltaNet"
 MS = SOURCE_DOMAIN
@@ -195,8 +195,8 @@ class LinearAttentionRewrite(Rewrite):
             for node in (flat, unflat):
                 if attribute(node, "allowzero", 0) != 0:
                     raise PatternMismatch(node, "allowzero=1 is not supported")
-            _check_reshape(flat, v[f"{which}_flat_shape"], [hk, dk])
-            _check_reshape(unflat, v[f"{which}_unflat_shape"], [key_dim])
+            check_reshape(flat, v[f"{which}_flat_shape"], [hk, dk])
+            check_reshape(unflat, v[f"{which}_unflat_shape"], [key_dim])
             if attribute(heads, "p", 2) != 2:
                 raise PatternMismatch(heads, f"p={attribute(heads, 'p')} is not supported (2)")
             if attribute(heads, "axis", -1) not in (-1, 3):
@@ -234,17 +234,6 @@ class LinearAttentionRewrite(Rewrite):
         outputs = op.op(GATED_DELTA_NET, qkv, z, a, b, conv_weight, conv_bias, dt_bias, neg_exp_a, norm_weight,
                         past_conv, past_recurrent, _domain=DOMAIN, _outputs=3, _name=_node_name(la), **attrs)
         return list(outputs)
-
-
-def _check_reshape(node: ir.Node, shape_value, tail: list[int]) -> None:
-    """A Reshape of [B, S, ...] to [B, S, *tail]: the target's first two entries copy (0) or infer
-    (-1, at most one of them) the batch and sequence dims."""
-    target = [int(x) for x in np.ravel(small_constant(shape_value, "the target shape", node))]
-    lead = target[:2]
-    if len(target) != 2 + len(tail) or target[2:] != tail or any(d not in (0, -1) for d in lead) \
-            or lead.count(-1) > 1:
-        want = "[0, 0, " + ", ".join(map(str, tail)) + "]"
-        raise PatternMismatch(node, f"target shape {target} is not {want}")
 
 
 def _need_type(node: ir.Node, value: ir.Value | None, what: str, allowed, t=None) -> ir.DataType:

@@ -34,8 +34,8 @@ import onnx_ir as ir
 from onnxscript.rewriter import RewriteRule
 
 from . import DOMAIN, MATMUL_NBITS, nbits, probe
+from .kinds import MLP
 from .patterns import PatternMismatch, Rewrite, attribute, check, label
-from .rewrite import MLP
 
 ACTIVATION = "swiglu"
 _SHARED = ("K", "N", "bits", "block_size", "accuracy_level")

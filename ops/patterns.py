@@ -26,11 +26,12 @@ import dataclasses
 import functools
 from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import MatchingTracer, MatchResult, MatchStatus, RewriteRule
 
 from . import DOMAIN, MATMUL_NBITS
-from .rewrite import MATMUL, SOURCE_DOMAIN
+from .kinds import MATMUL, SOURCE_DOMAIN
 
 FILTERED = "not selected by the include/exclude patterns"
 _SMALL_CONSTANT = 64  # constants read to check a pattern (split sizes, shapes, scales) are at most this long
@@ -96,6 +97,17 @@ def small_constant(value: ir.Value | None, what: str, node: ir.Node):
         return tensor.numpy()
     except (OSError, ValueError) as e:  # external data that cannot be read
         raise PatternMismatch(node, f"cannot read {what} ({value.name}): {e}") from None
+
+
+def check_reshape(node: ir.Node, shape_value, tail: list[int]) -> None:
+    """A Reshape of [B, S, ...] to [B, S, *tail]: the target's first two entries copy (0) or infer
+    (-1, at most one of them) the batch and sequence dims."""
+    target = [int(x) for x in np.ravel(small_constant(shape_value, "the target shape", node))]
+    lead = target[:2]
+    if len(target) != 2 + len(tail) or target[2:] != tail or any(d not in (0, -1) for d in lead) \
+            or lead.count(-1) > 1:
+        want = "[0, 0, " + ", ".join(map(str, tail)) + "]"
+        raise PatternMismatch(node, f"target shape {target} is not {want}")
 
 
 def dims(value: ir.Value | None) -> list[int | None] | None:

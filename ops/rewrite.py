@@ -52,10 +52,20 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from . import DOMAIN, MATMUL_NBITS, LibraryNotFoundError, library_path, packing
+from .kinds import (  # noqa: F401 (the kinds are also ops.rewrite's public names: ops.rewrite.REWRITES)
+    ATTENTION,
+    FLOAT_MATMUL,
+    GATED_ATTENTION,
+    LINEAR_ATTENTION,
+    MATMUL,
+    MLP,
+    NORM,
+    REWRITES,
+    SOURCE_DOMAIN,
+)
 from .progress import progress_bar
 from .staging import check_output, staged_files, staged_folder
 
-SOURCE_DOMAIN = "com.microsoft"
 GENAI_CONFIG = "genai_config.json"
 TILES_DATA_SUFFIX = ".tiles.data"  # <model file><suffix>: the weights --pack rewrote
 GENAI_LIBRARY_KEY = "custom_ops_library"
@@ -63,15 +73,6 @@ GENAI_LIBRARY_KEY = "custom_ops_library"
 a library that lies inside the model folder, an EP's folder or the working directory, so the
 library is copied into the output folder and named relative to it."""
 
-MATMUL = "matmul"
-LINEAR_ATTENTION = "linear-attention"
-ATTENTION = "attention"
-FLOAT_MATMUL = "float-matmul"
-MLP = "mlp"
-GATED_ATTENTION = "gated-attention"
-NORM = "norm"
-REWRITES = (MATMUL, LINEAR_ATTENTION, ATTENTION, FLOAT_MATMUL, MLP, GATED_ATTENTION, NORM)
-"""The rewrite kinds (`python -m ops rewrite --only NAME`, the driver's rewrite=...)."""
 
 
 class RewriteError(Exception):
