@@ -13,8 +13,9 @@ families and the top kernels.
 `phases` in the JSON: one more MTP generation with the driver's phase profiler on (driver.stats.Profiler:
 a device synchronisation closes every phase, so a phase's kernels run inside its wall window), each
 phase inside a torch.profiler user range; a kernel belongs to the range that holds its start. Per
-round: each phase's wall ms (what bench/e2e_27b.py --phases reports) against the GPU kernel ms inside
-it, so that wall minus kernels is what the host and the gaps between kernels cost.
+round: each phase's wall ms (what bench/e2e_27b.py --phases reports) against the time inside it in
+which the GPU ran a kernel (busy; the sum of the kernels' durations is larger where they overlap), so
+that wall minus busy is what the host and the gaps between kernels cost.
 
     python bench/kernel_profile_27b.py --provider cpu --folder FOLDER   # a dry run of the script on the CPU EP
 """
@@ -65,15 +66,32 @@ def device_us(ev) -> float:
     return ev.device_time if hasattr(ev, "device_time") else ev.cuda_time
 
 
-def kernel_times(prof) -> dict:
-    """{kernel name: [GPU microseconds, calls]} over a torch.profiler run's CUDA events."""
+def kernel_times(prof) -> tuple[dict, float]:
+    """{kernel name: [GPU microseconds, calls]} over a torch.profiler run's CUDA events, and the
+    microseconds in which at least one of them ran (busy_us)."""
     kernels = defaultdict(lambda: [0.0, 0])
+    spans = []
     for ev in prof.events():
         if ev.device_type.name != "CUDA":
             continue
         kernels[ev.name][0] += device_us(ev)
         kernels[ev.name][1] += 1
-    return kernels
+        spans.append((ev.time_range.start, device_us(ev)))
+    return kernels, busy_us(spans)
+
+
+def busy_us(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, duration) spans: the time in which at least one kernel ran.
+    A sum of durations counts twice what overlaps, and kernels do overlap: under programmatic
+    dependent launch (our GEMV, GatedDeltaNet's two kernels) a kernel starts before the one ahead of it
+    has ended, so a phase's summed kernel time can exceed its wall time."""
+    total, end = 0.0, float("-inf")
+    for start, us in sorted(spans):
+        stop = start + us
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
 
 def activities(provider: str) -> list:
@@ -99,7 +117,7 @@ def profile(gen, prompt: list[int], new_tokens: int, mode: str, k: int, provider
         result = gen.generate(prompt, new_tokens, mode=mode, draft_tokens=k, stop_at_eos=False)
         synchronize(provider)
         wall = time.perf_counter() - start
-    kernels = kernel_times(prof)
+    kernels, busy = kernel_times(prof)
     total = sum(v[0] for v in kernels.values())
     fams = defaultdict(float)
     for name, (us, _) in kernels.items():
@@ -109,7 +127,8 @@ def profile(gen, prompt: list[int], new_tokens: int, mode: str, k: int, provider
     return {
         "mode": mode, "draft_tokens": k if mode == "mtp" else 0, "new_tokens": n,
         "wall_ms_per_token_eager": 1e3 * wall / n,
-        "gpu_kernel_ms_per_token": total / 1e3 / n,
+        "gpu_kernel_ms_per_token": total / 1e3 / n,  # a sum of kernel durations (busy_us: overlaps count twice)
+        "gpu_busy_ms_per_token": busy / 1e3 / n,
         "kernels_per_token": sum(v[1] for v in kernels.values()) / n,
         "families_ms_per_token": {f: us / 1e3 / n for f, us in sorted(fams.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": name[:160], "ms_per_token": us / 1e3 / n, "calls": calls}
@@ -142,18 +161,21 @@ def phases_as_ranges():
         stats.Profiler.phase = original
 
 
-def assign_to_ranges(ranges: list[tuple[str, float, float]], kernels: list[tuple[str, float, float]]) -> dict:
-    """{range name: {kernel name: [us, calls]}}: each kernel (name, start, duration) in the range (name,
-    start, end) that holds its start, or in "outside phases"."""
+def assign_to_ranges(ranges: list[tuple[str, float, float]], kernels: list[tuple[str, float, float]]) -> tuple[dict, dict]:
+    """({range name: {kernel name: [us, calls]}}, {range name: busy us}): each kernel (name, start,
+    duration) in the range (name, start, end) that holds its start, or in "outside phases"; busy_us
+    of each range's kernels."""
     ranges = sorted(ranges, key=lambda r: r[1])
     starts = [r[1] for r in ranges]
     out: dict = defaultdict(lambda: defaultdict(lambda: [0.0, 0]))
+    spans = defaultdict(list)
     for name, start, us in kernels:
         i = bisect.bisect_right(starts, start) - 1
         where = ranges[i][0] if i >= 0 and start <= ranges[i][2] else "outside phases"
         out[where][name][0] += us
         out[where][name][1] += 1
-    return out
+        spans[where].append((start, us))
+    return out, {where: busy_us(s) for where, s in spans.items()}
 
 
 def phase_profile(gen, prompt: list[int], new_tokens: int, k: int, provider: str) -> dict:
@@ -179,7 +201,7 @@ def phase_profile(gen, prompt: list[int], new_tokens: int, k: int, provider: str
                 ranges.append((ev.name[len(PHASE_RANGE):], ev.time_range.start, ev.time_range.end))
         elif on_device:
             kernels.append((ev.name, ev.time_range.start, device_us(ev)))
-    by_phase = assign_to_ranges(ranges, kernels)
+    by_phase, busy = assign_to_ranges(ranges, kernels)
     stats = result.stats.as_dict()
     rounds = max(result.stats.rounds, 1)
     phases = {}
@@ -193,6 +215,7 @@ def phase_profile(gen, prompt: list[int], new_tokens: int, k: int, provider: str
         phases[name] = {
             "wall_ms_per_round": wall,
             "kernel_ms_per_round": round(sum(v[0] for v in own.values()) / 1e3 / rounds, 4),
+            "busy_ms_per_round": round(busy.get(name, 0.0) / 1e3 / rounds, 4),
             "kernels_per_round": round(sum(v[1] for v in own.values()) / rounds, 2),
             "top_kernels": [{"name": n[:160], "ms_per_round": round(us / 1e3 / rounds, 4), "calls": c}
                             for n, (us, c) in top],
@@ -235,16 +258,18 @@ def main(argv=None) -> int:
                                                  "runs": runs, "phases": phases}, indent=1))
     for r in runs:
         print(f"\n{r['mode']} (k={r['draft_tokens']}), {r['new_tokens']} tokens: GPU kernels "
-              f"{r['gpu_kernel_ms_per_token']:.2f} ms/token ({r['kernels_per_token']:.0f} kernels), eager wall {r['wall_ms_per_token_eager']:.2f} ms/token")
+              f"{r['gpu_kernel_ms_per_token']:.2f} ms/token ({r['kernels_per_token']:.0f} kernels; busy "
+              f"{r['gpu_busy_ms_per_token']:.2f}), eager wall {r['wall_ms_per_token_eager']:.2f} ms/token")
         for fam, ms in r["families_ms_per_token"].items():
             print(f"  {fam:24s} {ms:7.3f} ms/token  {100 * ms / r['gpu_kernel_ms_per_token']:5.1f}%")
         for kern in r["top_kernels"][:12]:
             print(f"    {kern['ms_per_token']:7.3f} ms  {kern['calls']:6d}x  {kern['name'][:110]}")
     print(f"\nMTP k={phases['draft_tokens']} round by phase ({phases['rounds']} rounds, acceptance "
-          f"{phases['acceptance']}), ms per round: wall (phases synchronised) / GPU kernels inside")
+          f"{phases['acceptance']}), ms per round: wall (phases synchronised) / GPU busy inside / "
+          f"kernel durations summed")
     for name, ph in phases["phases"].items():
-        inside = (f" / {ph['kernel_ms_per_round']:7.3f}  ({ph['kernels_per_round']:.0f} kernels)"
-                  if "kernel_ms_per_round" in ph else "")
+        inside = (f" / {ph['busy_ms_per_round']:7.3f} / {ph['kernel_ms_per_round']:7.3f}  "
+                  f"({ph['kernels_per_round']:.0f} kernels)" if "kernel_ms_per_round" in ph else "")
         print(f"  {name:14s} {ph['wall_ms_per_round']:7.3f}{inside}")
     print(f"  kernels outside phases {phases['kernel_ms_per_round_outside_phases']:.3f} ms per round")
     return 0

@@ -76,10 +76,25 @@ def test_kernel_profile_phase_attribution():
     ranges = [("verify", 20.0, 30.0), ("draft", 0.0, 10.0)]
     kernels = [("gemv", 1.0, 4.0), ("gemv", 9.5, 2.0), ("argmax", 10.5, 1.0), ("gemv", 25.0, 3.0), ("gemv", 30.0, 1.0),
                ("copy", 31.0, 0.5), ("early", -1.0, 0.5)]
-    out = assign_to_ranges(ranges, kernels)
+    out, busy = assign_to_ranges(ranges, kernels)
     assert dict(out["draft"]) == {"gemv": [6.0, 2]}
     assert dict(out["verify"]) == {"gemv": [4.0, 2]}
     assert dict(out["outside phases"]) == {"argmax": [1.0, 1], "copy": [0.5, 1], "early": [0.5, 1]}
+    assert busy == {"draft": 6.0, "verify": 4.0, "outside phases": 2.0}
+
+
+def test_kernel_profile_busy_time_counts_overlaps_once():
+    """busy_us is the union of the kernels' spans: a kernel that starts before the one ahead of it ends
+    (programmatic dependent launch) adds only what sticks out, one inside another adds nothing, gaps
+    add nothing, and the order the spans come in does not matter."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from kernel_profile_27b import assign_to_ranges, busy_us
+
+    spans = [(10.0, 5.0), (0.0, 4.0), (3.0, 2.0), (11.0, 1.0), (20.0, 1.0)]  # 0-5, 10-15, 20-21
+    assert busy_us(spans) == 11.0
+    assert busy_us([]) == 0.0
+    out, busy = assign_to_ranges([("verify", 0.0, 30.0)], [("k", s, us) for s, us in spans])
+    assert out["verify"]["k"] == [13.0, 5] and busy["verify"] == 11.0
 
 
 def test_kernel_profile_script_dry_run(tiny_folder, tmp_path):
