@@ -40,3 +40,23 @@ device_run_start() {
   st library
   device_library /tmp/b "$R/build.log" || { tail -40 "$R/build.log"; pack; exit 1; }
 }
+
+# driver_check: the stage that goes first in a device run that changes the driver's CUDA path:
+# bench/driver_cuda_check.py on the tiny and small presets (greedy eager == graphs, MTP == greedy at
+# k = 1..3 and with the replay commit), its log in $R/driver_check.log, a summary printed.
+driver_check() {
+  st driver check
+  timeout 200 python3 bench/driver_cuda_check.py run --presets tiny,small --fixtures /tmp/no-genai-fixtures --out "$R" \
+    > "$R/driver_check.log" 2>&1; echo "driver check rc $?" | tee -a "$R/steps.log"
+  grep -E "^\S.*\[(eager|graphs)\]|mtp_k|Error|error" "$R/driver_check.log" | cut -c1-220
+}
+
+# side_by_side: the README's end-to-end table (bench/e2e_27b.py: ours, the driver on ORT's ops,
+# onnxruntime-genai; 4 prompts x 256 new tokens, 3 repetitions, 1 for ORT's ops, --phases), ~460 s.
+side_by_side() {
+  st side by side
+  OUT=$R timeout 585 python3 bench/e2e_27b.py --configurations ours,ort,genai --prompts 4 --new-tokens 256 \
+    --repetitions 3 --ort-repetitions 1 --phases --skip-identity > "$R/e2e.log" 2>&1
+  echo "e2e rc $?" | tee -a "$R/steps.log"
+  grep -v "W:onnxruntime" "$R/e2e.log" | tail -24
+}

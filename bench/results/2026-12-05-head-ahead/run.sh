@@ -17,21 +17,13 @@ export PYTHONUNBUFFERED=1
 source bench/device_library.sh
 device_run_start $1
 case $1 in
-  check)
-    st driver check
-    timeout 200 python3 bench/driver_cuda_check.py run --presets tiny,small --fixtures /tmp/no-genai-fixtures --out $R \
-      > $R/driver_check.log 2>&1; echo "driver check rc $?" | tee -a $R/steps.log
-    grep -E "^\S.*\[(eager|graphs)\]|mtp_k|Error|error" $R/driver_check.log | cut -c1-220 ;;
+  check) driver_check ;;
   ab)
     st head_ahead a/b
     OUT=$R timeout 560 python3 bench/results/2026-12-05-head-ahead/ab.py --prompts 4 --new-tokens 256 \
       --repetitions 3 > $R/ab.log 2>&1; echo "ab rc $?" | tee -a $R/steps.log
     grep -v "W:onnxruntime" $R/ab.log | tail -8 | cut -c1-300 ;;
-  side)
-    st side by side
-    OUT=$R timeout 585 python3 bench/e2e_27b.py --configurations ours,ort,genai --prompts 4 --new-tokens 256 \
-      --repetitions 3 --ort-repetitions 1 --phases --skip-identity > $R/e2e.log 2>&1; echo "e2e rc $?" | tee -a $R/steps.log
-    grep -v "W:onnxruntime" $R/e2e.log | tail -24 ;;
+  side) side_by_side ;;
   *) echo "stage must be check, ab or side"; exit 2 ;;
 esac
 st done
