@@ -115,6 +115,7 @@ class Generator:
         self._round_ids = self.device.zeros((2 * MAX_DRAFT_TOKENS + 1,), np.int64)
         self._token_host = [self.device.host_buffer((1,), np.int64) for _ in range(2)]  # _decode_run's copies
         self._round_host = self.device.host_buffer((2 * MAX_DRAFT_TOKENS + 1,), np.int64)  # the accept's copy
+        self._row_iota = self.device.xp.arange(MAX_DRAFT_TOKENS, dtype=np.int64)  # draft rows, for a device mask
         # Queue the next round's first head forward before the accept's synchronisation (_mtp_round):
         # where runs are asynchronous (CUDA) the GPU runs it while the host decides the accept. On the
         # CPU it would only run a wider forward than needed.
@@ -377,46 +378,52 @@ class Generator:
 
         # 3. Accept: the round's only host synchronisation (k drafts and k+1 target tokens, or k
         #    drafts, a and the bonus).
-        early_hidden = self._commit_keeps_verify_rows(k)
-        early_ids = early_hidden and sampler is None
+        early = self._commit_keeps_verify_rows(k)
         with phase("accept"):
-            # The head's next input rows (step 5), queued ahead of the synchronisation where they do not
-            # depend on a, so that the device copies them while the host waits: every one of the k+1
-            # rows (the next head forward reads the first a+1). The hidden rows are the verify's where
-            # the commit keeps them; greedy's ids are the target's tokens (an accepted draft equals the
-            # target's token at its position, and the bonus is the next one).
-            if early_hidden:
+            # The head's next input rows (step 5), queued ahead of the synchronisation where the commit
+            # keeps the verify's rows, so that the device writes them while the host waits: every one of
+            # the k+1 rows (the next head forward reads the first a+1). The hidden rows are the verify's;
+            # greedy's ids are the target's tokens (an accepted draft equals the target's token at its
+            # position, and the bonus is the next one); sampling's are the drafts up to a, then the
+            # bonus, chosen on the device.
+            if early:
                 head.hidden_in[0, :k + 1] = main.hidden[0, :k + 1]
-            if early_ids:
-                head.ids[0, :k + 1] = target
             if sampler is None:
+                if early:
+                    head.ids[0, :k + 1] = target
                 both = self._round_host[:2 * k + 1]
                 copied = self.device.start_to_host(self._round_ids[:2 * k + 1], both)
+            else:
+                # d_j kept with probability min(1, p_j(d_j) / q_j(d_j)) up to the first rejection; the
+                # bonus drawn from max(0, p_a - q_a) there, or from p_k after k acceptances
+                u_accept, u_last = sampler.uniforms(k), sampler.uniforms(1)[0]
+                a, bonus = accept_or_resample(p, xp.stack(q), drafts, u_accept, u_last, xp)
+                if early:
+                    head.ids[0, :k] = xp.where(self._row_iota[:k] < a, drafts, bonus)
+                    head.ids[0, k] = bonus
+                decided = xp.concatenate([drafts, xp.stack([a, bonus])])
+                both = self._round_host[:k + 2]
+                copied = self.device.start_to_host(decided, both)
         # With all k+1 rows in place, the next round's first head forward needs nothing from the host
         # but a: queued now over all k+1 rows at the head's length (L), it runs while the host waits
         # for the copy above and decides. Its rows 0..a are those the next round reads (row j attends
         # only to the cache and rows <= j, and a row's result does not depend on the forward's width);
         # the rows after a are never read, and the KV rows they write lie past the head's length, for
         # the next forwards to overwrite.
-        go_ahead = early_ids and more and self.head_ahead
+        go_ahead = early and more and self.head_ahead
         if go_ahead:
             with phase("draft"):
                 head.forward(k + 1)
             stats.forwards["head"] += 1
         with phase("accept"):
+            self.device.wait_to_host(copied)
             if sampler is None:
-                self.device.wait_to_host(copied)
                 drafted, wanted = both[:k].tolist(), both[k:].tolist()
                 a = 0
                 while a < k and drafted[a] == wanted[a]:
                     a += 1
                 bonus = wanted[a]  # the target's token after the accepted prefix
             else:
-                # d_j kept with probability min(1, p_j(d_j) / q_j(d_j)) up to the first rejection; the
-                # bonus drawn from max(0, p_a - q_a) there, or from p_k after k acceptances
-                u_accept, u_last = sampler.uniforms(k), sampler.uniforms(1)[0]
-                a, bonus = accept_or_resample(p, xp.stack(q), drafts, u_accept, u_last, xp)
-                both = self.device.to_host(xp.concatenate([drafts, xp.stack([a, bonus])]))
                 drafted, (a, bonus) = both[:k].tolist(), both[k:].tolist()
         stats.rounds += 1
         stats.drafted += k
@@ -428,10 +435,9 @@ class Generator:
 
         # 5. Leave the head's next input rows: (h_L+j, d_j) for the accepted drafts and (h_L+a, bonus),
         #    hidden rows from the forward that committed them (verify or re-advance). Already queued in
-        #    step 3 where the verify's rows are the committed ones (and, greedy, the ids too).
-        if not early_hidden:
+        #    step 3 where the verify's rows are the committed ones.
+        if not early:
             head.hidden_in[0, :a + 1] = main.hidden[0, :a + 1]
-        if not early_ids:
             head.ids[0, :a] = drafts[:a]
             head.ids[0, a] = bonus
         if profiler:

@@ -464,6 +464,36 @@ def test_the_same_seed_gives_the_same_tokens(tiny, mode, k):
     assert run(fresh.stats.sampling["seed"]).tokens == fresh.tokens
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_head_rows_chosen_on_the_device_and_queued_ahead_draw_the_same_tokens(tiny, tiny_folder, k):
+    """With sampling, where the commit keeps the verify's rows, the next round's head ids (the drafts up
+    to a, then the bonus) are chosen on the device before the accept's copy, and with
+    Generator.head_ahead (CUDA's default, forced on here) the next round's first head forward is queued
+    there too. A wrong id would only cost acceptance (speculative sampling keeps the target's
+    distribution whatever the drafts), so the check is exact: with the same seed, the tokens, the
+    acceptance and the head forwards are those of the replay commit, whose ids are written by the host
+    after the accept, with a and the bonus known."""
+    ids = tiny.encode("def main():")
+    seeds = (3, 4, 5)
+    replay = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=3, max_length=64, threads=1,
+                       commit="replay")
+    runs = {"replay": [replay.generate(ids, 24, draft_tokens=k, seed=seed, stop_at_eos=False, **SAMPLED)
+                       for seed in seeds]}
+    try:
+        for ahead in (False, True):
+            tiny.head_ahead = ahead
+            runs[ahead] = [tiny.generate(ids, 24, draft_tokens=k, seed=seed, stop_at_eos=False, **SAMPLED)
+                           for seed in seeds]
+    finally:
+        tiny.head_ahead = False
+    for host, plain, ahead in zip(runs["replay"], runs[False], runs[True]):
+        assert ahead.tokens == plain.tokens == host.tokens
+        assert ahead.stats.accepted == plain.stats.accepted == host.stats.accepted
+        assert ahead.stats.forwards["head"] == plain.stats.forwards["head"] == plain.stats.drafted
+        assert plain.stats.commits["replay"] == 0 < host.stats.commits["replay"]
+    assert any(0 < r.stats.accepted < r.stats.drafted for r in runs[True])  # partial accepts were in it
+
+
 def test_temperature_zero_is_greedy_decoding_itself(tiny, monkeypatch):
     """temperature 0 (with top_k 0, top_p 1 and any seed) runs the greedy code: not one sampling
     call (Sampler is never built), the same tokens as the default, in both modes."""
