@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared 2026-12-05, not yet run (no device time was left): Generator.head_ahead (8530894), the next
+# Prepared 2026-12-05, not yet run (no device time was left): Generator.head_ahead (8530894, and for
+# sampling the commit after it), the next
 # MTP round's first head forward queued before the accept's synchronisation on CUDA, so that the GPU
 # runs it while the host decides the accept and commits. Predicted: the GPU's idle gap after each
 # round's synchronisation (~0.1-0.2 ms of a ~10 ms k=3 round on the H100) mostly gone, less the head
@@ -9,7 +10,8 @@
 #       (eager and graphs, k = 1..3 and replay) with head_ahead on, CUDA's default (run it first; revert
 #       8530894 if it fails)
 #   bash bench/results/2026-12-05-head-ahead/run.sh ab      # ab.py: head_ahead on / off, interleaved in one
-#       process on one Generator, 4 prompts x 256 new tokens, 3 repetitions, k = 1..4
+#       process on one Generator, 4 prompts x 256 new tokens, 2 repetitions, k = 1..4, greedy and T=0.7
+#       (~5 min)
 #   bash bench/results/2026-12-05-head-ahead/run.sh side    # on an H200: the side by side for README.md
 # The library as bench/device_library.sh says (.devlib/libort_mtp_ops.so.xz, this tree's csrc).
 set -u
@@ -21,8 +23,8 @@ case $1 in
   ab)
     st head_ahead a/b
     OUT=$R timeout 560 python3 bench/results/2026-12-05-head-ahead/ab.py --prompts 4 --new-tokens 256 \
-      --repetitions 3 > $R/ab.log 2>&1; echo "ab rc $?" | tee -a $R/steps.log
-    grep -v "W:onnxruntime" $R/ab.log | tail -8 | cut -c1-300 ;;
+      --repetitions 2 --temperatures 0,0.7 > $R/ab.log 2>&1; echo "ab rc $?" | tee -a $R/steps.log
+    grep -v "W:onnxruntime" $R/ab.log | tail -10 | cut -c1-300 ;;
   side) side_by_side ;;
   *) echo "stage must be check, ab or side"; exit 2 ;;
 esac
