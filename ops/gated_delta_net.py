@@ -182,8 +182,15 @@ def _l2_normalize(x, eps: float, dtype: str):
     return np.where(norm > 0, _rounded(x / np.where(norm > 0, norm, 1.0), dtype), 0.0)
 
 
-def reference(cfg: GdnConfig, w: GdnWeights, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """y, present_conv and present_recurrent of one call (float32 arrays)."""
+def reference(cfg: GdnConfig, w: GdnWeights, inputs: dict[str, np.ndarray],
+              magnitudes: bool = False) -> dict[str, np.ndarray]:
+    """y, present_conv and present_recurrent of one call (float32 arrays).
+
+    magnitudes: also "y_magnitude" (float64, y's shape), the scale of a float32 kernel's rounding
+    error in y, for a test's bound: the recurrence run again on absolute values (|state|, |k|, |q|,
+    |v| + |kv_mem|), so that o_j's rounding error is at most a few float32 roundings of A_j = sum_i
+    |S_ij| |q_i| however much the signed sum o_j cancels, carried through the gated norm (o_j times
+    1/rms(o), whose own error follows the largest A over the row)."""
     T, W, K = cfg.dtype, cfg.state_window, cfg.conv_kernel
     L, hk, hv, dk, dv = K - 1, cfg.num_k_heads, cfg.num_v_heads, cfg.k_head_dim, cfg.v_head_dim
     f64 = {k: np.asarray(v, np.float64) for k, v in inputs.items()}
@@ -219,6 +226,8 @@ def reference(cfg: GdnConfig, w: GdnWeights, inputs: dict[str, np.ndarray]) -> d
 
     # torch_recurrent_gated_delta_rule, the state stored (rounded) after every token
     o = np.zeros((B, S, hv, dv))
+    o_mag = np.zeros((B, S, hv, dv))  # A_j per token (magnitudes only)
+    state_mag = np.abs(state)
     present_rec = np.zeros((slots, B, hv, dk, dv))
     for t in range(S):
         state = state * np.exp(g[:, t])[..., None, None]
@@ -226,6 +235,12 @@ def reference(cfg: GdnConfig, w: GdnWeights, inputs: dict[str, np.ndarray]) -> d
         delta = (v[:, t] - kv_mem) * beta[:, t, :, None]
         state = state + k[:, t, ..., None] * delta[..., None, :]
         o[:, t] = _rounded((state * q[:, t, ..., None]).sum(-2), T)
+        if magnitudes:
+            state_mag = state_mag * np.exp(g[:, t])[..., None, None]
+            kv_mag = (state_mag * np.abs(k[:, t, ..., None])).sum(-2)
+            delta_mag = (np.abs(v[:, t]) + kv_mag) * beta[:, t, :, None]
+            state_mag = state_mag + np.abs(k[:, t, ..., None]) * delta_mag[..., None, :]
+            o_mag[:, t] = (state_mag * np.abs(q[:, t, ..., None])).sum(-2)
         state = _rounded(state, cfg.recurrent_dtype)
         if t >= S - slots:
             present_rec[t - (S - slots)] = state
@@ -233,11 +248,17 @@ def reference(cfg: GdnConfig, w: GdnWeights, inputs: dict[str, np.ndarray]) -> d
     # GatedRMSNorm over each v head: o * rsqrt(mean(o^2) + eps) * weight * silu(z)
     z = f64["z"].reshape(B, S, hv, dv)
     inv_rms = 1.0 / np.sqrt((o * o).mean(-1, keepdims=True) + cfg.epsilon)
-    y = _rounded(o * inv_rms * w.norm_weight.astype(np.float64) * _silu(z), T).reshape(B, S, hv * dv)
+    gain = inv_rms * w.norm_weight.astype(np.float64) * _silu(z)
+    y = _rounded(o * gain, T).reshape(B, S, hv * dv)
     if not W:
         present_conv, present_rec = present_conv[0], present_rec[0]
-    return {"y": y.astype(np.float32), "present_conv": present_conv.astype(np.float32),
-            "present_recurrent": present_rec.astype(np.float32)}
+    out = {"y": y.astype(np.float32), "present_conv": present_conv.astype(np.float32),
+           "present_recurrent": present_rec.astype(np.float32)}
+    if magnitudes:
+        # d(1/rms)/(1/rms) = -sum_i o_i e_i / (n (mean(o^2) + eps)), |e_i| <= c A_i
+        inv_rms_rel = o_mag.max(-1, keepdims=True) * np.abs(o).mean(-1, keepdims=True) * inv_rms**2
+        out["y_magnitude"] = (np.abs(gain) * (o_mag + np.abs(o) * inv_rms_rel)).reshape(B, S, hv * dv)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------

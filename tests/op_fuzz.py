@@ -126,11 +126,13 @@ def apply_copy_mutations(case: dict, rng) -> tuple[list[Pair], list[int], dict]:
     slots = list(case["slots"])
     build = {"n_inputs": None, "n_outputs": None, "slots_shape": (2,)}
     victim = pairs[case["choice"] % len(pairs)]
+    # in place, dst is bound through OrtValue.ortvalue_from_numpy, which takes no bfloat16 (as in copy_slots_case)
+    dtypes = COPY_DTYPES if not case["in_place"] else [d for d in COPY_DTYPES if d != "bfloat16"]
     for m in case["mutations"]:
         if m == "dst_dtype":
-            victim.dst_dtype = _other(rng, COPY_DTYPES, victim.dtype)
+            victim.dst_dtype = _other(rng, dtypes, victim.dtype)
         elif m == "out_dtype":
-            victim.out_dtype = _other(rng, COPY_DTYPES, victim.dst_dtype or victim.dtype)
+            victim.out_dtype = _other(rng, dtypes, victim.dst_dtype or victim.dtype)
         elif m == "trailing":
             if len(victim.dst_shape) >= (1 if case["whole"] else 2):
                 victim.dst_shape = list(victim.dst_shape[:-1]) + [victim.dst_shape[-1] + 1]
@@ -285,7 +287,10 @@ def build_matmul(case: dict, rng):
     arrays = _weight_arrays(stored)
     for m in sorted(mutations):
         if m == "K_attr":
-            _set_attr(node, "K", int(rng.choice([case["K"] + 1, case["K"] - 1, 0, -5, 1 << 31, 1 << 40])))
+            # not K + 1 with A_last (A's last dim K + 1): the two together are a valid node wherever K + 1
+            # needs no more quantisation blocks than K
+            wrong = [case["K"] + 1, case["K"] - 1, 0, -5, 1 << 31, 1 << 40][1 if "A_last" in mutations else 0:]
+            _set_attr(node, "K", int(rng.choice(wrong)))
         elif m == "N_attr":
             _set_attr(node, "N", int(rng.choice([case["N"] + 1, 0, -1, 1 << 31, 1 << 40])))
         elif m == "N_wrap":  # N' * row_bytes == N * row_bytes (mod 2^64): only a bound on N stops it
@@ -589,17 +594,21 @@ def run_gated_delta_net(case: dict, provider: str) -> str:
         return expect_error(outcome, result)
     if outcome != "ok":
         raise CaseFailure(f"a valid case failed: {result}")
-    want = gdn.reference(cfg, weights, inputs)
+    want = gdn.reference(cfg, weights, inputs, magnitudes=True)
     u = {"float32": U32, "float16": 2.0**-11, "bfloat16": UBF16}[cfg.dtype]
     for name, got in zip(gdn.OUTPUTS, result):
         ref = want[name].astype(np.float64)
         got = np.asarray(got, np.float64)
         if got.shape != ref.shape:
             raise CaseFailure(f"{name} has shape {got.shape}, expected {ref.shape}")
-        # Both compute in wide precision and round where the subgraph stores a tensor; the CUDA kernel
-        # accumulates in float32 (dk terms per state product), hence the margin of a few roundings.
+        # The reference computes in double and rounds where the subgraph stores a tensor; the kernels
+        # (the CPU's default and CUDA's) compute in float32, hence a margin of float32 roundings: of the
+        # values themselves, and for y of y_magnitude, the size its float32 error can reach where the
+        # state product o cancels (a few roundings of sum_i |S_ij q_i| through the gated norm; the
+        # largest ratio of error to U32 x (y_magnitude + |y|) over 400 float32 cases was ~7).
         rms = float(np.sqrt(np.mean(ref * ref))) if ref.size else 0.0
-        tol = 8 * u * (np.abs(ref) + rms) + 64 * U32 * (np.abs(ref) + rms) + 1e-30
+        scale = np.abs(ref) + rms + (want["y_magnitude"] if name == "y" else 0.0)
+        tol = 8 * u * (np.abs(ref) + rms) + 64 * U32 * scale + 1e-30
         if not np.all(np.abs(got - ref) <= tol):
             raise CaseFailure(f"{name} differs from the reference: max error / bound {np.max(np.abs(got - ref) / tol):.3g}")
     return "ok"
@@ -769,7 +778,8 @@ def run_gated_attention(case: dict, provider: str) -> str:
         elif m == "positions_bad":  # in a stream some rotary column reads (the CUDA kernel reads no other)
             feeds["position_ids"] = feeds["position_ids"].copy()
             stream = int(rng.choice(np.unique(gated.stream_of_column(cfg))))
-            feeds["position_ids"][stream, 0, 0] = int(rng.choice([-1, 1 << 40, len(feeds["cos_cache"])]))
+            huge = int(np.iinfo(feeds["position_ids"].dtype).max)  # int64 or int32 positions
+            feeds["position_ids"][stream, 0, 0] = int(rng.choice([-1, huge, len(feeds["cos_cache"])]))
         elif m == "qkv_shape":
             shape = list(feeds["qkv"].shape)
             shape[-1] += int(rng.choice([1, -1, 2 * case["head_size"]]))

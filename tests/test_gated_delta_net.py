@@ -119,6 +119,23 @@ def test_matches_reference(hk, hv, dk, dv, seq, window, dtype, state_dtype, cpu_
         _assert_close_to_reference(got[name], want[name], cfg, seq, name)
 
 
+def test_y_magnitude_bounds_the_float32_error_where_the_state_product_cancels(cpu_session):
+    """reference(..., magnitudes=True)'s y_magnitude: a case found by tests/op_fuzz.py (seed 102) where
+    token 0's o_j = sum_i S_ij q_i is ~250 times smaller than the sum of its terms' sizes, so the float32
+    kernel's few roundings of those terms are ~4e-5 of y_j, past a bound on |y| and y's rms alone; within
+    a few roundings of y_magnitude."""
+    cfg = GdnConfig(1, 2, 4, 16, conv_kernel=2, dtype="float32")
+    w, inputs = _case(443696294, cfg, batch=2, seq=3)
+    got = Op(cpu_session, cfg, w)(inputs)["y"].astype(np.float64)
+    want = gdn.reference(cfg, w, inputs, magnitudes=True)
+    ref, magnitude = want["y"].astype(np.float64), want["y_magnitude"]
+    err, u = np.abs(got - ref), 2.0**-24
+    rms = np.sqrt(np.mean(ref**2))
+    assert np.max(err / (u * (np.abs(ref) + rms))) > 72  # no bound on the values alone holds here
+    assert np.all(err <= 16 * u * (magnitude + np.abs(ref)))
+    assert magnitude.max() > 10 * np.abs(ref).max()  # the cancellation is what the magnitude sees
+
+
 def test_attributes_reach_the_arithmetic(cpu_session):
     """scale, epsilon and l2norm_epsilon as given (HF's l2norm epsilon, a large RMS epsilon)."""
     cfg = GdnConfig(2, 4, 8, 8, scale=0.3, epsilon=0.5, l2norm_epsilon=1e-6)
