@@ -196,7 +196,7 @@ class _Section:
         return self.section(key) if key in self.values else None
 
     def positive_int(self, key: str, default=_REQUIRED) -> int:
-        return self._get(key, _is_positive_int, "a positive integer", default)
+        return self._get(key, _is_positive_int, "a positive integer below 2**31", default)
 
     def string(self, key: str, default=_REQUIRED) -> str:
         return self._get(key, lambda v: isinstance(v, str) and v != "", "a non-empty string", default)
@@ -211,7 +211,7 @@ class _Section:
     def token_ids(self, key: str) -> tuple[int, ...]:
         """One token id or a list of them (an absent key: none)."""
         value = self._get(key, lambda v: _is_token_id(v) or (isinstance(v, list) and all(map(_is_token_id, v))),
-                          "a token id or a list of token ids (non-negative integers)", [])
+                          "a token id or a list of token ids (integers from 0 to 2**31-1)", [])
         return tuple(value if isinstance(value, list) else [value])
 
     def onnx_filename(self) -> str:
@@ -232,12 +232,18 @@ class _Section:
         return value
 
 
+# Sizes and token ids stay below 2**31, far above any real model's (a 262144-token context, a 248320-token
+# vocabulary): a JSON integer has no limit of its own, and one past 64 bits reached ONNX Runtime's session
+# options (a dimension override) as a TypeError.
+_INT_LIMIT = 2**31
+
+
 def _is_positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 < value < _INT_LIMIT
 
 
 def _is_token_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _INT_LIMIT
 
 
 def _shown(value) -> str:

@@ -122,6 +122,9 @@ def _set(section: str, key: str, value):
     ("decoder.outputs", "present_key_names", 3, "a name template with %d"),
     ("decoder.outputs", "logits", ["logits"], "a non-empty string"),
     ("mtp", "enabled", "no", "true or false"),
+    ("decoder", "head_size", 10**30, "a positive integer below 2**31"),
+    ("", "context_length", 2**31, "a positive integer below 2**31"),
+    ("", "eos_token_id", [2**63], "a token id or a list of token ids"),
 ])
 def test_config_values_of_the_wrong_type(folder, capsys, section, key, value, expected):
     edit_config(folder, _set(section, key, value))
