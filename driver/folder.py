@@ -306,7 +306,10 @@ def _load_graph(path: Path) -> onnx.ModelProto:
         raise DriverError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not proto.ir_version or not proto.HasField("graph"):
         raise DriverError(f"{path} is not an ONNX model (no IR version or graph)")
-    for data in _external_data_files(proto, path.parent):  # ORT would fail later with a less direct message
+    broken = _non_text_field(proto)
+    if broken:
+        raise DriverError(f"{path} is not a valid ONNX model (its {broken} is not UTF-8 text: a damaged file?)")
+    for data in _external_data_files(proto, path):  # ORT would fail later with a less direct message
         try:
             _require_file(data)
         except UnreadableFile as e:  # say whose data it is
@@ -314,15 +317,43 @@ def _load_graph(path: Path) -> onnx.ModelProto:
     return proto
 
 
-def _external_data_files(proto: onnx.ModelProto, folder: Path) -> list[Path]:
-    """The files the graph's initializers keep their bytes in (their external_data locations)."""
+def _non_text_field(message, where: str = "") -> str | None:
+    """The first string field (a name, an op type, a location...) that holds bytes which are not UTF-8
+    (protobuf's Python runtime then hands over bytes where the code reads str), or None. Bytes fields
+    (raw tensor data, string attributes) are not text and not read. Every message of the graph is
+    visited: tens of milliseconds for the 27B-class graph, whose weights lie in external files."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_BYTES:
+            continue
+        name = f"{where}.{field.name}" if where else field.name
+        values = value if field.is_repeated else [value]
+        if field.type == field.TYPE_STRING:
+            if any(not isinstance(v, str) for v in values):
+                return name
+        elif field.type == field.TYPE_MESSAGE:
+            for v in values:
+                found = _non_text_field(v, name)
+                if found:
+                    return found
+    return None
+
+
+def _external_data_files(proto: onnx.ModelProto, path: Path) -> list[Path]:
+    """The files the graph's initializers (of the model file `path`) keep their bytes in (their
+    external_data locations). An offset or length that is not a decimal number is refused here
+    (weight_bytes reads the lengths)."""
     locations = []
     for init in proto.graph.initializer:
+        entries = {e.key: e.value for e in init.external_data}
+        for key in ("offset", "length"):
+            if key in entries and not (entries[key].isascii() and entries[key].isdigit()):
+                raise DriverError(f"{path} is not a valid ONNX model: initializer {init.name!r}'s external "
+                                  f"data {key} is {entries[key]!r}, not a number of bytes")
         if init.data_location == onnx.TensorProto.EXTERNAL:
-            location = next((e.value for e in init.external_data if e.key == "location"), "")
+            location = entries.get("location", "")
             if location not in locations:
                 locations.append(location)
-    return [folder / location for location in locations]
+    return [path.parent / location for location in locations]
 
 
 def _dims(value: onnx.ValueInfoProto) -> list:

@@ -125,9 +125,12 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
     mlp = ops.rewrite.mlp_check(None, provider, device_id)
     gated = ops.rewrite.gated_attention_check(None, provider, device_id)
     norm = ops.rewrite.norm_check(None, provider, device_id)
-    report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent,
-                                              attention=attention, float_matmul=float_matmul, mlp=mlp,
-                                              gated_attention=gated, norm=norm)
+    try:
+        report = ops.rewrite.rewrite_model_report(proto, None, kinds, check, base_dir=spec.path.parent,
+                                                  attention=attention, float_matmul=float_matmul, mlp=mlp,
+                                                  gated_attention=gated, norm=norm)
+    except ops.rewrite.RewriteError as e:
+        raise DriverError(f"{spec.path}: {e}") from None
     for block, why in report.linear_attention.kept:
         level = logging.INFO if why in unavailable else logging.WARNING
         log.log(level, "%s: linear-attention block %s stays on ONNX Runtime's ops: %s", spec.path.name, block, why)

@@ -234,7 +234,10 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
     from . import patterns
     from .linear_attention import LinearAttentionRewrite
 
-    view = ir.serde.deserialize_model(model)
+    try:
+        view = ir.serde.deserialize_model(model)
+    except ir.serde.SerdeError as e:
+        raise RewriteError(f"the model is not a valid ONNX graph ({_innermost(e)})") from None
     if base_dir is not None:
         ir.external_data.set_base_dir(view.graph, str(base_dir))
     if MATMUL in kinds:
@@ -271,10 +274,21 @@ def rewrite_model_report(model: onnx.ModelProto, node_filter: NodeFilter | None 
         outcome = norm_rewrite.rewrite(view, norm, node_filter.selects)
         report.norm = BlockReport(outcome.rewritten, outcome.kept, outcome.filtered_out)
     if report.changed:
-        rewritten = ir.serde.serialize_model(view)
+        try:
+            rewritten = ir.serde.serialize_model(view)
+        except ir.serde.SerdeError as e:  # what onnx-ir read but cannot write back: an attribute of no type, say
+            raise RewriteError(f"the model is not a valid ONNX graph ({_innermost(e)})") from None
         _keep_value_info(model, rewritten)
         model.CopyFrom(rewritten)
     return report
+
+
+def _innermost(error: BaseException) -> str:
+    """The first cause of onnx-ir's chain of SerdeErrors (each names only the object it was in): what
+    was wrong, such as "Unsupported attribute type: UNDEFINED"."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return f"{type(error).__name__}: {error}"[:300]
 
 
 def _keep_value_info(original: onnx.ModelProto, rewritten: onnx.ModelProto) -> None:

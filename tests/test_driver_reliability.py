@@ -37,7 +37,8 @@ def folder(shared_copy, tiny_folder):
         dst = shared_copy / src.name
         if dst.exists():
             dst.chmod(0o644)
-        if src.name == CONFIG or not dst.exists() or dst.stat().st_size != src.stat().st_size:
+        if src.name == CONFIG or not dst.exists() or dst.stat().st_size != src.stat().st_size \
+                or (src.suffix == ".onnx" and dst.read_bytes() != src.read_bytes()):  # a graph edited in place
             shutil.copy2(src, dst)
 
 
@@ -194,6 +195,44 @@ def test_a_missing_head_blocks_only_mtp(folder, capsys):
     capsys.readouterr()
     one_line_error(capsys, generate(folder), "MTP head is unavailable", f"{folder / 'mtp.onnx'} is missing",
                    "--mode greedy")
+
+
+def _edit_graph(path: Path, change) -> None:
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    change(proto)
+    onnx.save(proto, str(path))
+
+
+def test_a_name_that_is_not_text_is_a_damaged_model(folder, capsys):
+    """A byte of a node name turned into one that is not UTF-8 (a damaged file, found by a byte fuzz of
+    model.onnx): protobuf then hands over bytes where a name is read as text."""
+    path = folder / "model.onnx"
+    data = bytearray(path.read_bytes())
+    data[data.index(b"/model/layers.0/")] = 0xFF
+    path.write_bytes(bytes(data))
+    one_line_error(capsys, generate(folder), f"{path} is not a valid ONNX model", "is not UTF-8 text")
+
+
+def test_an_attribute_of_no_type_is_a_damaged_model(folder, capsys):
+    """An attribute whose type field reads UNDEFINED: onnx-ir reads the graph but cannot write it back
+    after the rewrite (found by the byte fuzz)."""
+    def untype(proto):
+        node = next(n for n in proto.graph.node if n.op_type == "MRotaryEmbedding" and n.attribute)
+        node.attribute[0].type = 0  # AttributeProto.UNDEFINED
+    _edit_graph(folder / "model.onnx", untype)
+    one_line_error(capsys, generate(folder), f"{folder / 'model.onnx'}: the model is not a valid ONNX graph",
+                   "UNDEFINED")
+
+
+def test_an_external_data_length_that_is_not_a_number(folder, capsys):
+    def corrupt(proto):
+        init = next(i for i in proto.graph.initializer if i.external_data)
+        next(e for e in init.external_data if e.key == "length").value = "B6384"
+    _edit_graph(folder / "model.onnx", corrupt)
+    one_line_error(capsys, generate(folder), f"{folder / 'model.onnx'} is not a valid ONNX model",
+                   "external data length is 'B6384', not a number of bytes")
 
 
 def test_a_library_that_is_not_one_is_named(tiny_folder, capsys, monkeypatch, tmp_path):
