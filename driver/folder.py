@@ -21,6 +21,8 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
+from ops.rewrite import non_text_field
+
 from .errors import DriverError
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5_text",)
@@ -306,7 +308,7 @@ def _load_graph(path: Path) -> onnx.ModelProto:
         raise DriverError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not proto.ir_version or not proto.HasField("graph"):
         raise DriverError(f"{path} is not an ONNX model (no IR version or graph)")
-    broken = _non_text_field(proto)
+    broken = non_text_field(proto)
     if broken:
         raise DriverError(f"{path} is not a valid ONNX model (its {broken} is not UTF-8 text: a damaged file?)")
     for data in _external_data_files(proto, path):  # ORT would fail later with a less direct message
@@ -315,27 +317,6 @@ def _load_graph(path: Path) -> onnx.ModelProto:
         except UnreadableFile as e:  # say whose data it is
             raise UnreadableFile(f"{path}: external data file {e}") from None
     return proto
-
-
-def _non_text_field(message, where: str = "") -> str | None:
-    """The first string field (a name, an op type, a location...) that holds bytes which are not UTF-8
-    (protobuf's Python runtime then hands over bytes where the code reads str), or None. Bytes fields
-    (raw tensor data, string attributes) are not text and not read. Every message of the graph is
-    visited: tens of milliseconds for the 27B-class graph, whose weights lie in external files."""
-    for field, value in message.ListFields():
-        if field.type == field.TYPE_BYTES:
-            continue
-        name = f"{where}.{field.name}" if where else field.name
-        values = value if field.is_repeated else [value]
-        if field.type == field.TYPE_STRING:
-            if any(not isinstance(v, str) for v in values):
-                return name
-        elif field.type == field.TYPE_MESSAGE:
-            for v in values:
-                found = _non_text_field(v, name)
-                if found:
-                    return found
-    return None
 
 
 def _external_data_files(proto: onnx.ModelProto, path: Path) -> list[Path]:

@@ -88,7 +88,10 @@ def unknown_attributes(node: ir.Node, known: Iterable[str]) -> list[str]:
 def small_constant(value: ir.Value | None, what: str, node: ir.Node):
     """The numpy value of a small constant input (an initializer or a Constant node's output), read
     only when it has at most _SMALL_CONSTANT elements: a large initializer is never loaded here."""
-    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    try:
+        tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    except ValueError as e:  # a Constant node with no attribute it knows (a damaged file)
+        raise PatternMismatch(node, f"{what} ({value.name}) cannot be read: {e}") from None
     if tensor is None:
         raise PatternMismatch(node, f"{what} ({value.name if value is not None else 'absent'}) is not a constant")
     if tensor.size > _SMALL_CONSTANT:

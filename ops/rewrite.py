@@ -410,7 +410,32 @@ def load_model(path: Path) -> onnx.ModelProto:
     # protobuf parses many non-model byte strings (an empty file, some text) without complaint
     if not model.ir_version or not model.HasField("graph"):
         raise RewriteError(f"{path} is not an ONNX model (no IR version or graph)")
+    broken = non_text_field(model)
+    if broken:
+        raise RewriteError(f"{path} is not a valid ONNX model (its {broken} is not UTF-8 text: a damaged file?)")
     return model
+
+
+def non_text_field(message, where: str = "") -> str | None:
+    """The first string field (a name, an op type, a location...) that holds bytes which are not UTF-8
+    (protobuf's Python runtime then hands over bytes where the code reads str), or None. Bytes fields
+    (raw tensor data, string attributes) are not text and not read. Every message of the graph is
+    visited: 15 ms for the small preset's main graph (664 nodes) on the development machine; the time
+    grows with the nodes, not with the weights (external, or skipped as bytes)."""
+    for field, value in message.ListFields():
+        if field.type == field.TYPE_BYTES:
+            continue
+        name = f"{where}.{field.name}" if where else field.name
+        values = value if field.is_repeated else [value]
+        if field.type == field.TYPE_STRING:
+            if any(not isinstance(v, str) for v in values):
+                return name
+        elif field.type == field.TYPE_MESSAGE:
+            for v in values:
+                found = non_text_field(v, name)
+                if found:
+                    return found
+    return None
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:

@@ -290,6 +290,7 @@ def test_file_with_embedded_weights(tmp_path, cpu_session):
         ("missing data", "external data file"),
         ("clashing data", "exists and is not"),
         ("not a model", "is not an ONNX model"),
+        ("damaged name", "is not UTF-8 text"),
         ("missing input", "no such model file"),
     ],
 )
@@ -308,11 +309,17 @@ def test_file_errors(case, message, model_dir, tmp_path):
     elif case == "not a model":
         source = model_dir / "notes.onnx"
         source.write_text("not a protobuf {")
+    elif case == "damaged name":  # one byte of a node name that is not UTF-8 (found by a byte fuzz)
+        data = bytearray(source.read_bytes())
+        name = next(n.name for n in onnx.load(str(source), load_external_data=False).graph.node if n.name)
+        data[data.index(name.encode())] = 0xFF
+        source = model_dir / "damaged.onnx"
+        source.write_bytes(bytes(data))
     elif case == "missing input":
         source = model_dir / "absent.onnx"
     with pytest.raises(RewriteError, match=message):
         rewrite_file(source, output)
-    if case in ("missing data", "clashing data", "not a model"):
+    if case in ("missing data", "clashing data", "not a model", "damaged name"):
         assert not output.exists()  # nothing written on failure
 
 

@@ -273,6 +273,22 @@ def test_no_weight_is_read(tiny_folder, tmp_path):
     assert {name: t.SerializeToString() for name, t in after.items()} == before
 
 
+def test_a_damaged_constant_keeps_its_block_with_the_reason(tiny_folder, tmp_path):
+    """A Constant node with no attribute onnx-ir knows (a damaged file: 'value' renamed, as a byte flip
+    in a byte fuzz of the model did): the blocks that read it (the builder shares one split-sizes
+    constant between them) stay as they were, with the reason, and the rest of the rewrite goes on."""
+    shutil.copy2(tiny_folder / "model.onnx", tmp_path / "model.onnx")
+    model = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False)
+    split = next(n for n in model.graph.node if n.op_type == "Split" and "/linear_attn/" in n.name)
+    constant = next(n for n in model.graph.node if n.op_type == "Constant" and n.output[0] == split.input[1])
+    constant.attribute[0].name = "?alue"
+    report = rewrite_model_report(model, base_dir=tmp_path)
+    kept = report.linear_attention.kept
+    assert len(kept) >= 1 and all("cannot be read" in why for _, why in kept), kept
+    assert len(report.linear_attention.rewritten) + len(kept) == len(_layers(_load(tiny_folder)))
+    assert report.rewritten  # the MatMulNBits nodes
+
+
 @pytest.mark.parametrize("which", ["tiny", "builder-cpu"])
 def test_the_rewritten_model_computes_what_the_original_computes(which, folders):
     """Through the stand-in: prefill and decode outputs (logits, hidden states, every present state)
