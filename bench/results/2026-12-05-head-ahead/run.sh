@@ -12,6 +12,9 @@
 #   bash bench/results/2026-12-05-head-ahead/run.sh ab      # ab.py: head_ahead on / off, interleaved in one
 #       process on one Generator, 4 prompts x 256 new tokens, 2 repetitions, k = 1..4, greedy and T=0.7
 #       (~5 min)
+#   bash bench/results/2026-12-05-head-ahead/run.sh fuzz    # tests/op_fuzz.py on CUDA, 4 seeds x 1500 cases:
+#       the harness's bounds and mutations changed this session (GatedDeltaNet's y bound follows its float32
+#       error's magnitude), checked so far on the CPU only
 #   bash bench/results/2026-12-05-head-ahead/run.sh side    # on an H200: the side by side for README.md
 # The library as bench/device_library.sh says (.devlib/libort_mtp_ops.so.xz, this tree's csrc).
 set -u
@@ -25,8 +28,14 @@ case $1 in
     OUT=$R timeout 560 python3 bench/results/2026-12-05-head-ahead/ab.py --prompts 4 --new-tokens 256 \
       --repetitions 2 --temperatures 0,0.7 > $R/ab.log 2>&1; echo "ab rc $?" | tee -a $R/steps.log
     grep -v "W:onnxruntime" $R/ab.log | tail -10 | cut -c1-300 ;;
+  fuzz)
+    st op fuzz on CUDA
+    for seed in 0 1 2 3; do
+      timeout 120 python3 tests/op_fuzz.py --provider cuda --cases 1500 --seed $seed > $R/fuzz_$seed.log 2>&1
+      echo "seed $seed rc $? $(tail -1 $R/fuzz_$seed.log | grep -o '"failures": [0-9]*')" | tee -a $R/steps.log
+    done ;;
   side) side_by_side ;;
-  *) echo "stage must be check, ab or side"; exit 2 ;;
+  *) echo "stage must be check, ab, fuzz or side"; exit 2 ;;
 esac
 st done
 pack
