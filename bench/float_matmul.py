@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
@@ -33,7 +32,7 @@ if str(ROOT) not in sys.path:
 
 import ops.float_matmul as fm  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import time_queued  # noqa: E402
+from gpu_timing import graph_or_eager, time_bound_run, out_dir  # noqa: E402
 
 IMPLS = {"ours": ("ort_mtp", False), "ours_ab": ("ort_mtp", True), "ort": ("", False)}  # (domain, two weights)
 
@@ -46,54 +45,35 @@ def shape(dry: bool) -> tuple[int, int, list[int]]:
 
 
 def run_impl(device, impl: str, seed: int, reps: int, calls: int, dry: bool) -> dict:
-    xp, gpu = device.xp, device.name == "cuda"
+    xp = device.xp
     k, n, rows = shape(dry)
     rng = np.random.default_rng(seed)
     weight = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16)
     domain, two = IMPLS[impl]
     weight2 = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float16) if two else None
     model = fm.model(k, n, "float16", domain=domain, weight=weight, weight2=weight2)
-    result = {"cases": {}, "cuda_graph": gpu}
-    graph_error = None
-    for _attempt in range(2):  # under ORT's CUDA graph; without it if capture is refused
-        try:
-            session = make_session(device, model, graph_capture=result["cuda_graph"])
-            result["cases"] = {}
-            for graph_id, m in enumerate(rows, start=1):
-                a = xp.asarray(np.random.default_rng(seed + graph_id).standard_normal((1, m, k)).astype(np.float16))
-                y = xp.full((1, m, n), np.nan, dtype=np.float16)
-                y2 = xp.full((1, m, n), np.nan, dtype=np.float16) if two else None
-                binding = session.io_binding()
-                bind(binding, device, "A", a, a.shape)
-                bind(binding, device, "Y", y, y.shape, output=True)
-                if two:
-                    bind(binding, device, "Y2", y2, y2.shape, output=True)
-                options = device.run_options(graph_id if result["cuda_graph"] else None)
-                session.run_with_iobinding(binding, options)
-                device.synchronize()
-                out = device.to_host(y).astype(np.float64)
-                for _ in range(2):  # capture, replay
-                    session.run_with_iobinding(binding, options)
-                device.synchronize()
 
-                def call():
-                    session.run_with_iobinding(binding, options)
+    def measure(graph: bool) -> dict:
+        session = make_session(device, model, graph_capture=graph)
+        cases = {}
+        for graph_id, m in enumerate(rows, start=1):
+            a = xp.asarray(np.random.default_rng(seed + graph_id).standard_normal((1, m, k)).astype(np.float16))
+            y = xp.full((1, m, n), np.nan, dtype=np.float16)
+            y2 = xp.full((1, m, n), np.nan, dtype=np.float16) if two else None
+            binding = session.io_binding()
+            bind(binding, device, "A", a, a.shape)
+            bind(binding, device, "Y", y, y.shape, output=True)
+            if two:
+                bind(binding, device, "Y2", y2, y2.shape, output=True)
+            options = device.run_options(graph_id if graph else None)
+            timing, out = time_bound_run(device, session, binding, options, calls, reps,
+                                         lambda y=y: device.to_host(y).astype(np.float64))
+            cases[f"M={m}"] = {"m": m, **timing, "output": out}
+            del binding, a, y, y2
+        del session
+        return {"cases": cases}
 
-                timing = time_queued(device, call, calls, reps)
-                if "busy_kernel_error" in timing:
-                    result["busy_kernel_error"] = timing.pop("busy_kernel_error")
-                result["cases"][f"M={m}"] = {"m": m, **timing, "output": out}
-                del binding, a, y, y2
-            del session
-            break
-        except Exception as e:  # noqa: BLE001
-            if not result["cuda_graph"]:
-                raise
-            graph_error = f"{type(e).__name__}: {e}"[:500]
-            result["cuda_graph"] = False
-    if graph_error:
-        result["cuda_graph_error"] = graph_error
-    return result
+    return graph_or_eager(device, measure)
 
 
 def main(argv=None) -> int:
@@ -133,9 +113,7 @@ def main(argv=None) -> int:
         for entry in impl["cases"].values():
             entry.pop("output", None)
     report["table_us"] = table
-    out = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "results")
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "float_matmul.json"
+    path = out_dir(args.out) / "float_matmul.json"
     path.write_text(json.dumps(report, indent=1))
     print(f"{'rows':8s} {'ours us':>10s} {'ORT us':>10s} {'ours/ORT':>9s} {'a+b us':>9s} {'/2 ours':>8s}  output diff vs ORT")
     for name, row in table.items():

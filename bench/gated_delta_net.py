@@ -38,7 +38,7 @@ if str(ROOT) not in sys.path:
 
 import ops.gated_delta_net as gdn  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import time_queued  # noqa: E402
+from gpu_timing import graph_or_eager, time_bound_run, out_dir  # noqa: E402
 from ops.gated_delta_net import GdnConfig  # noqa: E402
 
 WIDTHS = list(range(1, 9))
@@ -52,61 +52,37 @@ def config(dry: bool) -> GdnConfig:
 
 
 def run_impl(device, impl: str, cfg: GdnConfig, w: gdn.GdnWeights, seed: int, reps: int, calls: int) -> dict:
-    xp, gpu = device.xp, device.name == "cuda"
+    xp = device.xp
     model = gdn.ort_subgraph_model(cfg, w) if impl == "ort" else gdn.gated_delta_net_model(cfg, w)
     in_place = impl == "ours, state in place"
-    result = {"widths": {}, "cuda_graph": gpu}
-    graph_error = None
-    for attempt in range(2):  # under ORT's CUDA graph; without it if capture is refused
-        try:
-            session = make_session(device, model, graph_capture=result["cuda_graph"])
-            result["widths"] = {}
-            for S in WIDTHS:
-                x = gdn.random_inputs(np.random.default_rng(seed + S), cfg, 1, S)
-                bufs = {name: xp.asarray(v.astype(np.float16)) for name, v in x.items()}
-                outs = {"y": xp.full((1, S, cfg.value_dim), np.nan, dtype=np.float16)}
-                if in_place:
-                    outs["present_conv"], outs["present_recurrent"] = bufs["past_conv"], bufs["past_recurrent"]
-                else:
-                    outs["present_conv"] = xp.empty_like(bufs["past_conv"])
-                    outs["present_recurrent"] = xp.empty_like(bufs["past_recurrent"])
-                binding = session.io_binding()
-                for name, buf in bufs.items():
-                    bind(binding, device, name, buf, buf.shape)
-                for name, buf in outs.items():
-                    bind(binding, device, name, buf, buf.shape, output=True)
-                options = device.run_options(S if result["cuda_graph"] else None)
-                session.run_with_iobinding(binding, options)  # the first run: y from the inputs as given
-                device.synchronize()
-                y = device.to_host(outs["y"]).astype(np.float64)
-                for _ in range(2):  # capture, replay
-                    session.run_with_iobinding(binding, options)
-                device.synchronize()
 
-                def call():
-                    session.run_with_iobinding(binding, options)
+    def measure(graph: bool) -> dict:
+        session = make_session(device, model, graph_capture=graph)
+        widths = {}
+        for S in WIDTHS:
+            x = gdn.random_inputs(np.random.default_rng(seed + S), cfg, 1, S)
+            bufs = {name: xp.asarray(v.astype(np.float16)) for name, v in x.items()}
+            outs = {"y": xp.full((1, S, cfg.value_dim), np.nan, dtype=np.float16)}
+            if in_place:
+                outs["present_conv"], outs["present_recurrent"] = bufs["past_conv"], bufs["past_recurrent"]
+            else:
+                outs["present_conv"] = xp.empty_like(bufs["past_conv"])
+                outs["present_recurrent"] = xp.empty_like(bufs["past_recurrent"])
+            binding = session.io_binding()
+            for name, buf in bufs.items():
+                bind(binding, device, name, buf, buf.shape)
+            for name, buf in outs.items():
+                bind(binding, device, name, buf, buf.shape, output=True)
+            options = device.run_options(S if graph else None)
+            # y as the first run leaves it, from the inputs as given
+            timing, y = time_bound_run(device, session, binding, options, calls, reps,
+                                       lambda y=outs["y"]: device.to_host(y).astype(np.float64))
+            widths[str(S)] = {**timing, "y": y}
+            del binding, bufs, outs
+        del session
+        return {"widths": widths}
 
-                timing = time_queued(device, call, calls, reps)
-                if "busy_kernel_error" in timing:
-                    result["busy_kernel_error"] = timing.pop("busy_kernel_error")
-                result["widths"][str(S)] = {**timing, "y": y}
-                del binding, bufs, outs
-            del session
-            break
-        except Exception as e:  # noqa: BLE001
-            if not result["cuda_graph"]:
-                raise
-            graph_error = f"{type(e).__name__}: {e}"[:500]
-            result["cuda_graph"] = False
-    if graph_error:
-        result["cuda_graph_error"] = graph_error
-    return result
-
-
-def out_dir(explicit: str | None) -> Path:
-    path = Path(explicit or os.environ.get("OUT") or ROOT / "bench" / "results")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return graph_or_eager(device, measure)
 
 
 def main(argv=None) -> int:

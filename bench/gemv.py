@@ -52,7 +52,7 @@ if str(ROOT) not in sys.path:
 import ops  # noqa: E402
 from driver.device import bind, bind_host, describe, make_device, make_session  # noqa: E402
 from driver.errors import DriverError  # noqa: E402
-from gpu_timing import busy_kernel, copy_ceiling, host_seconds_per_call  # noqa: E402
+from gpu_timing import busy_kernel, copy_ceiling, host_seconds_per_call, out_dir  # noqa: E402
 from ops import packing  # noqa: E402
 from ops.copy_slots import copy_slots_model  # noqa: E402
 
@@ -76,13 +76,6 @@ ENV_KEYS = ("ORT_FPA_INTB_GEMM", "ORT_MTP_GEMV_VARIANT", "ORT_MTP_GEMV_PDL")
 
 class BenchError(RuntimeError):
     """A setup problem reported as one line (no traceback) by main()."""
-
-
-def out_dir(explicit: str | None) -> Path:
-    """Where results go: --out, else $OUT (the device machine's return folder), else bench/results."""
-    folder = Path(explicit or os.environ.get("OUT") or ROOT / "bench" / "results")
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
 
 
 def open_device(dry: bool):

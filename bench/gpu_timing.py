@@ -3,15 +3,21 @@ time_per_call times calls with CUDA events on the stream ONNX Runtime shares wit
 
   copy_ceiling           the device-to-device copy bandwidth, the ceiling a GEMV is scored against;
   busy_kernel            a kernel that keeps the GPU busy while the host queues a sample's calls;
-  host_seconds_per_call  the host's own pace issuing calls, not waiting for the device.
+  host_seconds_per_call  the host's own pace issuing calls, not waiting for the device;
+  time_queued            device time per call, each sample queued behind busy_kernel;
+  time_bound_run         one IOBinding run of a session timed so, after its warm-up runs;
+  graph_or_eager         a measurement under ORT's CUDA graph, or eagerly where capture is refused;
+  out_dir                where a benchmark writes its JSON.
 
 On the CPU EP (a benchmark's dry run) they use the host clock and numpy, and busy_kernel does nothing.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 
@@ -89,3 +95,40 @@ def time_queued(device, call, calls: int, reps: int) -> dict:
     samples = device.time_per_call(call, calls, reps, before=before)
     return {"us": float(np.median(samples)) * 1e6, "samples_us": [s * 1e6 for s in samples],
             "host_us_per_call": pace * 1e6, **result}
+
+
+def time_bound_run(device, session, binding, options, calls: int, reps: int, first=None) -> tuple[dict, object]:
+    """(time_queued of session.run_with_iobinding(binding, options), first()'s value): a first run,
+    whose outputs first() reads (None without it), then two more (under a CUDA graph: its capture and
+    first replay), then the timed calls."""
+    session.run_with_iobinding(binding, options)
+    device.synchronize()
+    out = first() if first is not None else None
+    for _ in range(2):
+        session.run_with_iobinding(binding, options)
+    device.synchronize()
+    return time_queued(device, lambda: session.run_with_iobinding(binding, options), calls, reps), out
+
+
+def graph_or_eager(device, measure) -> dict:
+    """measure(graph: bool) -> dict, under ORT's CUDA graph on CUDA, and once more eagerly where that
+    raises (ORT refuses to capture some node); the dict gets "cuda_graph", how it was measured, and
+    after a refusal "cuda_graph_error", why."""
+    graph = device.name == "cuda"
+    try:
+        result = measure(graph)
+    except Exception as e:  # noqa: BLE001  (measured eagerly instead, saying why)
+        if not graph:
+            raise
+        result = measure(False)
+        result["cuda_graph_error"] = f"{type(e).__name__}: {e}"[:500]
+        graph = False
+    result["cuda_graph"] = graph
+    return result
+
+
+def out_dir(explicit: str | None) -> Path:
+    """Where results go: --out, else $OUT (the device machine's return folder), else bench/results."""
+    folder = Path(explicit or os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder

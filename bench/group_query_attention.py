@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback
@@ -37,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import ops.group_query_attention as gqa  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import time_queued  # noqa: E402
+from gpu_timing import graph_or_eager, time_bound_run, out_dir  # noqa: E402
 from ops.group_query_attention import GqaConfig  # noqa: E402
 
 IMPLS = ("ours", "ort")
@@ -57,60 +56,35 @@ def cases(dry: bool) -> list[dict]:
 
 
 def run_impl(device, impl: str, cfg: GqaConfig, seed: int, reps: int, calls: int, dry: bool) -> dict:
-    xp, gpu = device.xp, device.name == "cuda"
+    xp = device.xp
     model = gqa.model(cfg, domain=gqa.SOURCE_DOMAIN if impl == "ort" else gqa.DOMAIN)
-    result = {"cases": {}, "cuda_graph": gpu}
-    graph_error = None
-    for _attempt in range(2):  # under ORT's CUDA graph; without it if capture is refused
-        try:
-            session = make_session(device, model, graph_capture=result["cuda_graph"])
-            result["cases"] = {}
-            for graph_id, case in enumerate(cases(dry), start=1):
-                x = gqa.random_case(np.random.default_rng(seed + graph_id), cfg, 1, case["seq"], case["past"],
-                                    case["buffer"])
-                bufs = {name: xp.asarray(v) for name, v in x.items() if name != "total_sequence_length"}
-                outs = {"output": xp.full(x["query"].shape, np.nan, dtype=np.float16),
-                        "present_key": bufs["past_key"], "present_value": bufs["past_value"]}  # shared buffer
-                binding = session.io_binding()
-                for name, buf in bufs.items():
-                    bind(binding, device, name, buf, buf.shape)
-                # total_sequence_length is read on the host by ORT's kernel: a CPU input.
-                binding.bind_cpu_input("total_sequence_length", x["total_sequence_length"])
-                for name, buf in outs.items():
-                    bind(binding, device, name, buf, buf.shape, output=True)
-                options = device.run_options(graph_id if result["cuda_graph"] else None)
-                session.run_with_iobinding(binding, options)
-                device.synchronize()
-                out = device.to_host(outs["output"]).astype(np.float64)
-                for _ in range(2):  # capture, replay
-                    session.run_with_iobinding(binding, options)
-                device.synchronize()
 
-                def call():
-                    session.run_with_iobinding(binding, options)
+    def measure(graph: bool) -> dict:
+        session = make_session(device, model, graph_capture=graph)
+        results = {}
+        for graph_id, case in enumerate(cases(dry), start=1):
+            x = gqa.random_case(np.random.default_rng(seed + graph_id), cfg, 1, case["seq"], case["past"],
+                                case["buffer"])
+            bufs = {name: xp.asarray(v) for name, v in x.items() if name != "total_sequence_length"}
+            outs = {"output": xp.full(x["query"].shape, np.nan, dtype=np.float16),
+                    "present_key": bufs["past_key"], "present_value": bufs["past_value"]}  # shared buffer
+            binding = session.io_binding()
+            for name, buf in bufs.items():
+                bind(binding, device, name, buf, buf.shape)
+            # total_sequence_length is read on the host by ORT's kernel: a CPU input.
+            binding.bind_cpu_input("total_sequence_length", x["total_sequence_length"])
+            for name, buf in outs.items():
+                bind(binding, device, name, buf, buf.shape, output=True)
+            options = device.run_options(graph_id if graph else None)
+            n = max(3, calls // 10) if case["seq"] > 16 else calls
+            timing, out = time_bound_run(device, session, binding, options, n, reps,
+                                         lambda y=outs["output"]: device.to_host(y).astype(np.float64))
+            results[case["name"]] = {**case, **timing, "output": out}
+            del binding, bufs, outs
+        del session
+        return {"cases": results}
 
-                n = max(3, calls // 10) if case["seq"] > 16 else calls
-                timing = time_queued(device, call, n, reps)
-                if "busy_kernel_error" in timing:
-                    result["busy_kernel_error"] = timing.pop("busy_kernel_error")
-                result["cases"][case["name"]] = {**case, **timing, "output": out}
-                del binding, bufs, outs
-            del session
-            break
-        except Exception as e:  # noqa: BLE001
-            if not result["cuda_graph"]:
-                raise
-            graph_error = f"{type(e).__name__}: {e}"[:500]
-            result["cuda_graph"] = False
-    if graph_error:
-        result["cuda_graph_error"] = graph_error
-    return result
-
-
-def out_dir(explicit: str | None) -> Path:
-    path = Path(explicit or os.environ.get("OUT") or ROOT / "bench" / "results")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return graph_or_eager(device, measure)
 
 
 def main(argv=None) -> int:

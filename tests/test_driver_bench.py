@@ -116,6 +116,29 @@ def test_kernel_profile_script_dry_run(tiny_folder, tmp_path):
     assert "kernel_ms_per_round" not in phases["phases"]["round"]
 
 
+def test_graph_or_eager_measures_eagerly_where_capture_is_refused():
+    """bench/gpu_timing.graph_or_eager, the GPU benchmarks' retry: on CUDA a measurement that raises
+    under ORT's CUDA graph is taken again eagerly, saying why; eagerly (the CPU) an error is the error."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from gpu_timing import graph_or_eager
+
+    tried = []
+
+    def refused_under_graph(graph):
+        tried.append(graph)
+        if graph:
+            raise RuntimeError("capture refused")
+        return {"us": 1.0}
+
+    cuda, cpu = type("Cuda", (), {"name": "cuda"})(), type("Cpu", (), {"name": "cpu"})()
+    assert graph_or_eager(cuda, refused_under_graph) == {"us": 1.0, "cuda_graph": False,
+                                                        "cuda_graph_error": "RuntimeError: capture refused"}
+    assert tried == [True, False]
+    assert graph_or_eager(cuda, lambda graph: {"us": 2.0}) == {"us": 2.0, "cuda_graph": True}
+    with pytest.raises(RuntimeError, match="capture refused"):
+        graph_or_eager(cpu, lambda graph: refused_under_graph(True))
+
+
 def test_group_query_attention_bench_dry_run(tmp_path):
     """bench/group_query_attention.py on the CPU EP (tiny shapes): every case is timed for both
     implementations, and our op's output agrees with ORT's node on the same inputs."""
