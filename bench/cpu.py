@@ -198,6 +198,11 @@ def write_result(result: dict, out) -> None:
 
 
 def git_revision() -> str:
+    """This tree's revision ("-dirty" with uncommitted changes to tracked files); on the device machine
+    ORT_MTP_REVISION, which bench/device_library.sh sets from the carried .devlib/revision, since the git
+    history there is not the development tree's (the JSONs said the session's first commit)."""
+    if os.environ.get("ORT_MTP_REVISION"):
+        return os.environ["ORT_MTP_REVISION"]
     try:
         rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,

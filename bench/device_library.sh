@@ -7,7 +7,10 @@
 #   cmake -S . -B /tmp/bgpu -G Ninja -DORT_MTP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real && ninja -C /tmp/bgpu
 #   mkdir -p .devlib && strip --strip-unneeded -o .devlib/l.so /tmp/bgpu/libort_mtp_ops.so \
 #     && xz -c .devlib/l.so > .devlib/libort_mtp_ops.so.xz && rm .devlib/l.so   # .devlib/ in .git/info/exclude
-# and name .devlib in the run's carry (2 MB).
+# and name .devlib in the run's carry (2 MB). Write the tree's revision beside it,
+#   echo "$(git rev-parse --short HEAD)$(git status --porcelain --untracked-files=no | grep -q . && echo -dirty)" > .devlib/revision
+# which device_run_start exports as ORT_MTP_REVISION, the revision the benchmarks' JSON records (the device
+# copy's git history is not this tree's: it named the session's first commit).
 device_library() {
   local build=$1 log=$2 prebuilt=${PREBUILT:-.devlib/libort_mtp_ops.so.xz}
   export ORT_MTP_LIBRARY="$build/libort_mtp_ops.so"
@@ -35,6 +38,7 @@ device_run_start() {
   st() { echo "== $(( $(date +%s) - T0 ))s $*" | tee -a "$R/steps.log"; }
   pack() { tar -C /tmp/r -czf "$OUT/r.tgz" "$RUN_NAME"; }
   export ORT_MTP_CACHE_DIR=/tmp/tiles-cache
+  [ -f .devlib/revision ] && export ORT_MTP_REVISION=$(cat .devlib/revision)
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,driver_version --format=csv \
     > "$R/gpu.txt" 2>&1
   st library
