@@ -16,7 +16,8 @@
 #       the harness's bounds and mutations changed this session (GatedDeltaNet's y bound follows its float32
 #       error's magnitude), checked so far on the CPU only
 #   bash bench/results/2026-12-05-head-ahead/run.sh side    # on an H200: the side by side for README.md
-# The library as bench/device_library.sh says (.devlib/libort_mtp_ops.so.xz, this tree's csrc).
+# The library and the revision file as bench/device_library.sh says (.devlib/libort_mtp_ops.so.xz, this
+# tree's csrc; .devlib/revision).
 set -u
 export PYTHONUNBUFFERED=1
 source bench/device_library.sh
