@@ -72,16 +72,17 @@ class Generator:
         self.folder: ModelFolder = model if isinstance(model, ModelFolder) else read_folder(Path(model))
         if mode not in ("greedy", "mtp"):
             raise DriverError(f"mode must be greedy or mtp, got {mode!r}")
-        check_draft_tokens(draft_tokens)
+        draft_tokens = check_draft_tokens(draft_tokens)
         if commit not in COMMIT_POLICIES:
             raise DriverError(f"commit must be one of {', '.join(COMMIT_POLICIES)}, got {commit!r}")
         folder = self.folder
-        check_prefill_chunk(prefill_chunk, folder.context_length)
-        check_threads(threads)
+        prefill_chunk = check_prefill_chunk(prefill_chunk, folder.context_length)
+        threads = check_threads(threads)
         self.max_length = max_length or min(folder.context_length, DEFAULT_MAX_LENGTH)
-        if not 2 <= self.max_length <= folder.context_length:
-            raise DriverError(f"max length must be between 2 and the model's context length "
-                              f"{folder.context_length}, got {self.max_length}")
+        if not _is_int(self.max_length) or not 2 <= self.max_length <= folder.context_length:
+            raise DriverError(f"max length must be an integer from 2 to the model's context length "
+                              f"{folder.context_length}, got {self.max_length!r}")
+        self.max_length = int(self.max_length)
         self.mode = mode
         self.draft_tokens = draft_tokens
         self.commit_policy = commit
@@ -173,12 +174,15 @@ class Generator:
     def _generate(self, prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos,
                   sampler: Sampler | None) -> GenerationResult:
         mode = mode or self.mode
-        k = self.draft_tokens if draft_tokens is None else draft_tokens
-        check_draft_tokens(k)
+        if mode not in ("greedy", "mtp"):
+            raise DriverError(f"mode must be greedy or mtp, got {mode!r}")
+        k = check_draft_tokens(self.draft_tokens if draft_tokens is None else draft_tokens)
         if mode == "mtp" and self.head is None:
             raise DriverError("this Generator was built with mode='greedy'; build one with mode='mtp'")
+        if not isinstance(prompt, str) and not hasattr(prompt, "__iter__"):
+            raise DriverError(f"the prompt must be text or a sequence of token ids, got {type(prompt).__name__}")
         ids = check_token_ids(self.encode(prompt) if isinstance(prompt, str) else prompt, self.folder.vocab_size)
-        self.check_lengths(len(ids), max_new_tokens)
+        max_new_tokens = self.check_lengths(len(ids), max_new_tokens)
         stats = Stats(mode=mode, draft_tokens=k if mode == "mtp" else 0, prompt_tokens=len(ids))
         if sampler is not None:
             stats.sampling = {**sampler.params.describe(), "seed": sampler.seed}
@@ -234,10 +238,11 @@ class Generator:
             text = None
         return GenerationResult(out, text, stats)
 
-    def check_lengths(self, prompt_tokens: int, max_new_tokens: int) -> None:
+    def check_lengths(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """max_new_tokens as an int, if the prompt and that many new tokens fit the Generator."""
         if prompt_tokens < 1:
             raise DriverError("the prompt is empty")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        if not _is_int(max_new_tokens) or max_new_tokens < 1:
             raise DriverError(f"max new tokens must be a positive integer, got {max_new_tokens!r}")
         limit = self.max_length
         what = "context length" if limit == self.folder.context_length else "max length"
@@ -247,6 +252,7 @@ class Generator:
         if prompt_tokens + max_new_tokens > limit:
             raise DriverError(f"{max_new_tokens} new tokens after a {prompt_tokens}-token prompt exceed the "
                               f"{what} of {limit} tokens (at most {limit - prompt_tokens} new tokens fit)")
+        return int(max_new_tokens)
 
     # -- prefill and greedy ---------------------------------------------------------------------------
 
@@ -478,18 +484,27 @@ class Generator:
 
 
 def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    """An integer of any kind (Python's, numpy's), not a bool: what a count or a size may be."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    try:
+        operator.index(value)
+    except TypeError:
+        return False
+    return True
 
 
-def check_draft_tokens(k) -> None:
+def check_draft_tokens(k) -> int:
     if not _is_int(k) or not 1 <= k <= MAX_DRAFT_TOKENS:
         raise DriverError(f"draft tokens must be an integer from 1 to {MAX_DRAFT_TOKENS}, got {k!r}")
+    return int(k)
 
 
-def check_prefill_chunk(chunk, context_length: int) -> None:
+def check_prefill_chunk(chunk, context_length: int) -> int:
     if not _is_int(chunk) or not 1 <= chunk <= context_length:
         raise DriverError(f"prefill chunk must be an integer from 1 to the model's context length {context_length}, "
                           f"got {chunk!r}")
+    return int(chunk)
 
 
 def available_cores() -> int:
@@ -499,15 +514,16 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
-def check_threads(threads) -> None:
+def check_threads(threads) -> int | None:
     """None leaves the choice to ONNX Runtime. More threads than cores only slow ORT down, and a
     few thousand make it spin up (and allocate) for minutes before the first forward."""
     if threads is None:
-        return
+        return None
     cores = available_cores()
     if not _is_int(threads) or not 1 <= threads <= cores:
         raise DriverError(f"threads must be an integer from 1 to {cores} (the CPU cores available here), "
                           f"got {threads!r}")
+    return int(threads)
 
 
 def check_token_ids(ids, vocab_size: int) -> list[int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,35 @@ def test_token_ids_are_checked_against_the_vocabulary(greedy):
             greedy.generate(bad, 2)
     ids = greedy.encode("def main():")
     assert greedy.generate(np.array(ids), 3).tokens == greedy.generate(ids, 3).tokens
+
+
+@pytest.mark.parametrize("prompt,kw,needle", [
+    (None, {}, "the prompt must be text or a sequence of token ids, got NoneType"),
+    (5, {}, "the prompt must be text or a sequence of token ids, got int"),
+    ([1, 2], {"max_new_tokens": True}, "max new tokens must be a positive integer, got True"),
+    ([1, 2], {"mode": "fast"}, "mode must be greedy or mtp, got 'fast'"),  # was run as greedy
+    ([1, 2], {"draft_tokens": np.bool_(True)}, "draft tokens must be an integer from 1 to 8"),
+])
+def test_generate_arguments_are_checked(greedy, prompt, kw, needle):
+    """Generator.generate's arguments as an API caller may pass them (a fuzz of the arguments found the
+    first three a TypeError or a silent greedy run)."""
+    with pytest.raises(DriverError, match=re.escape(needle)):
+        greedy.generate(prompt, **({"max_new_tokens": 2} | kw))
+
+
+def test_numpy_integers_count_as_integers(tiny_folder, greedy):
+    """Counts and sizes of numpy's integer types, as a caller computing them with numpy has them: the
+    Generator's sizes and generate's counts take them as the ints they are (they were refused, or
+    reached ops.state_window as a ValueError)."""
+    gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=np.int64(2), max_length=np.int64(32),
+                    prefill_chunk=np.int32(8), threads=np.int32(1))
+    assert (gen.draft_tokens, gen.max_length, gen.prefill_chunk) == (2, 32, 8)
+    ids = greedy.encode("def main():")
+    result = gen.generate(ids, np.int64(4), draft_tokens=np.int16(1), stop_at_eos=False)
+    assert len(result.tokens) == 4 and result.stats.draft_tokens == 1
+    assert result.tokens == greedy.generate(ids, 4, stop_at_eos=False).tokens
+    with pytest.raises(DriverError, match="max length must be an integer from 2"):
+        Generator(tiny_folder, provider="cpu", mode="greedy", max_length="64")
 
 
 # -- genai_config.json ------------------------------------------------------------------------------
