@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # driver, models and ops from the checkout
 
 import numpy as np  # noqa: E402
+from gpu_timing import out_dir  # noqa: E402  (--out, else $OUT, else bench/results)
 
 PROMPT_LENGTHS = (12, 23, 40, 57, 16, 31, 9, 48)
 WINDOW = 4  # state_window of the windowed folders: promotion for k <= 3
@@ -310,8 +311,7 @@ def summary_lines(report: dict) -> list[str]:
 
 def run(args) -> int:
     provider = args.provider
-    out = Path(args.out or os.environ.get("OUT") or ROOT / "bench" / "results")
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(args.out)
     report = {"provider": provider, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "folders": {},
               "ort_log": {}, "identity": {}}
     guarded(report, "environment", environment, provider)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -35,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
-
 from cpu import git_revision  # noqa: E402  (bench/cpu.py: the revision, "-dirty" with uncommitted changes)
+from gpu_timing import out_dir  # noqa: E402  (--out, else $OUT, else bench/results)
+
 from ops.rewrite import REWRITES  # noqa: E402
 
 MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
@@ -320,8 +320,7 @@ def main() -> int:
                     help="comma list: also time sampled decoding (plain and MTP) at these temperatures, "
                          "for the first configuration in --configurations' order (ours, ours_mm, ours_no<kind>, tiles, ort)")
     args = ap.parse_args()
-    out = Path(os.environ.get("OUT") or ROOT / "bench" / "results")
-    out.mkdir(parents=True, exist_ok=True)
+    out = out_dir(None)
     folder = Path(args.folder)
     report = {"command": " ".join(["bench/e2e_27b.py", *sys.argv[1:]]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "revision": git_revision(),

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
-from ops.rewrite import non_text_field
+from ops.rewrite import damaged_text
 
 from .errors import DriverError
 
@@ -308,9 +308,9 @@ def _load_graph(path: Path) -> onnx.ModelProto:
         raise DriverError(f"{path} is not a readable ONNX model ({type(e).__name__}: {e})") from None
     if not proto.ir_version or not proto.HasField("graph"):
         raise DriverError(f"{path} is not an ONNX model (no IR version or graph)")
-    broken = non_text_field(proto)
-    if broken:
-        raise DriverError(f"{path} is not a valid ONNX model (its {broken} is not UTF-8 text: a damaged file?)")
+    damaged = damaged_text(proto, path)
+    if damaged:
+        raise DriverError(damaged)
     for data in _external_data_files(proto, path):  # ORT would fail later with a less direct message
         try:
             _require_file(data)

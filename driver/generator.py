@@ -70,8 +70,7 @@ class Generator:
         """pack: MatMulNBits' tiles layout (driver.sessions: None, the default, packs on CUDA only;
         ignored without the rewrite). self.packed counts the nodes that run it."""
         self.folder: ModelFolder = model if isinstance(model, ModelFolder) else read_folder(Path(model))
-        if mode not in ("greedy", "mtp"):
-            raise DriverError(f"mode must be greedy or mtp, got {mode!r}")
+        check_mode(mode)
         draft_tokens = check_draft_tokens(draft_tokens)
         if commit not in COMMIT_POLICIES:
             raise DriverError(f"commit must be one of {', '.join(COMMIT_POLICIES)}, got {commit!r}")
@@ -173,9 +172,7 @@ class Generator:
 
     def _generate(self, prompt, max_new_tokens, mode, draft_tokens, on_tokens, stop_at_eos,
                   sampler: Sampler | None) -> GenerationResult:
-        mode = mode or self.mode
-        if mode not in ("greedy", "mtp"):
-            raise DriverError(f"mode must be greedy or mtp, got {mode!r}")
+        mode = check_mode(mode or self.mode)
         k = check_draft_tokens(self.draft_tokens if draft_tokens is None else draft_tokens)
         if mode == "mtp" and self.head is None:
             raise DriverError("this Generator was built with mode='greedy'; build one with mode='mtp'")
@@ -492,6 +489,12 @@ def _is_int(value) -> bool:
     except TypeError:
         return False
     return True
+
+
+def check_mode(mode) -> str:
+    if mode not in ("greedy", "mtp"):
+        raise DriverError(f"mode must be greedy or mtp, got {mode!r}")
+    return mode
 
 
 def check_draft_tokens(k) -> int:

@@ -410,18 +410,24 @@ def load_model(path: Path) -> onnx.ModelProto:
     # protobuf parses many non-model byte strings (an empty file, some text) without complaint
     if not model.ir_version or not model.HasField("graph"):
         raise RewriteError(f"{path} is not an ONNX model (no IR version or graph)")
-    broken = non_text_field(model)
-    if broken:
-        raise RewriteError(f"{path} is not a valid ONNX model (its {broken} is not UTF-8 text: a damaged file?)")
+    damaged = damaged_text(model, path)
+    if damaged:
+        raise RewriteError(damaged)
     return model
 
 
+def damaged_text(model: onnx.ModelProto, path: Path) -> str | None:
+    """What is wrong, as one line naming `path`, where a string field of the model holds bytes that are
+    not UTF-8 (a damaged file: protobuf's Python runtime then hands over bytes where a name is read as
+    text); None where every one is text. The driver's loader and load_model both check this."""
+    field = non_text_field(model)
+    return f"{path} is not a valid ONNX model (its {field} is not UTF-8 text: a damaged file?)" if field else None
+
+
 def non_text_field(message, where: str = "") -> str | None:
-    """The first string field (a name, an op type, a location...) that holds bytes which are not UTF-8
-    (protobuf's Python runtime then hands over bytes where the code reads str), or None. Bytes fields
-    (raw tensor data, string attributes) are not text and not read. Every message of the graph is
-    visited: 15 ms for the small preset's main graph (664 nodes) on the development machine; the time
-    grows with the nodes, not with the weights (external, or skipped as bytes)."""
+    """The first string field (a name, an op type, a location...) that holds bytes which are not UTF-8,
+    or None. Bytes fields (raw tensor data, string attributes) are not text and not read; every other
+    message of the graph is visited, so the time grows with the nodes, not with external weights."""
     for field, value in message.ListFields():
         if field.type == field.TYPE_BYTES:
             continue
