@@ -369,10 +369,9 @@ class Generator:
             stats.forwards["verify"] += 1
             if sampler is None:
                 # The target's token after each position, row by row: the 1-D argmax a greedy step takes
-                # (on CUDA CuPy's device-wide CUB reduction, a few microseconds per row). An argmax over
-                # the last axis of [k+1, V] is a reduction with one thread block per row in CuPy, which
-                # took ~0.35 ms per verify on the 27B-class vocabulary (cupy_cub_argmax in
-                # bench/results/2026-12-05-mlp-cuda/c/profile.json: 17 calls, 0.125 ms per token).
+                # (on CUDA CuPy's device-wide CUB reduction). An argmax over the last axis of [k+1, V]
+                # is a reduction with one thread block per row in CuPy: slow on a 248320-entry
+                # vocabulary (cupy_cub_argmax in bench/kernel_profile_27b.py's profile of a round).
                 target = self._round_ids[k:2 * k + 1]
                 for j in range(k + 1):
                     target[j] = xp.argmax(main.logits[0, j])
