@@ -43,7 +43,7 @@ MODES = (("greedy", 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4))
 MAIN_FORWARDS = ("decode", "verify", "re-advance")  # forwards of the main graph after the prompt's
 
 
-def ensure_folder(folder: Path, state_window: int, mtp_noise: float | None) -> dict:
+def ensure_folder(folder: Path, state_window: int, mtp_noise: float | None = None) -> dict:
     """Builds the qwen35-27b folder when it is missing. `mtp_noise` (the head's acceptance knob, models
     build's default when None) applies to a build only: a folder does not record the noise it was built
     with, so an existing one is refused rather than reported under a noise it may not have."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepared 2026-12-05, not yet run (no device time was left): Generator.head_ahead (8530894, and for
+# Prepared 2026-12-05, run the same day on an H100 (README.md here has the results): Generator.head_ahead (8530894, and for
 # sampling the commit after it), the next
 # MTP round's first head forward queued before the accept's synchronisation on CUDA, so that the GPU
 # runs it while the host decides the accept and commits. Predicted: the GPU's idle gap after each
@@ -36,7 +36,17 @@ case $1 in
       echo "seed $seed rc $? $(tail -1 $R/fuzz_$seed.log | grep -o '"failures": [0-9]*')" | tee -a $R/steps.log
     done ;;
   side) side_by_side ;;
-  *) echo "stage must be check, ab, fuzz or side"; exit 2 ;;
+  profile)
+    st kernel profile
+    OUT=$R timeout 150 python3 bench/kernel_profile_27b.py --json profile.json > $R/profile.log 2>&1; echo "profile rc $?" | tee -a $R/steps.log
+    grep -E "GPU kernels|round by phase|^  [a-z]|argmax" $R/profile.log | cut -c1-150 ;;
+  noise0)
+    st e2e at mtp-noise 0
+    OUT=$R timeout 400 python3 bench/e2e_27b.py --folder /tmp/models_qwen35_27b_noise0 --mtp-noise 0 \
+      --configurations ours --prompts 4 --new-tokens 256 --repetitions 2 --skip-identity > $R/e2e.log 2>&1
+    echo "e2e rc $?" | tee -a $R/steps.log
+    grep -v "W:onnxruntime" $R/e2e.log | tail -8 | cut -c1-300 ;;
+  *) echo "stage must be check, ab, fuzz, side, profile or noise0"; exit 2 ;;
 esac
 st done
 pack
