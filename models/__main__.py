@@ -120,14 +120,17 @@ def _convert(args) -> dict:
 
 
 def _acceptance(args) -> dict:
-    from .acceptance import measure_folder
+    from .acceptance import AcceptanceError, measure_folder
 
-    return measure_folder(args.folder, prompts=args.prompts, prompt_length=args.prompt_length,
-                          new_tokens=args.new_tokens, seed=args.seed)
+    try:
+        return measure_folder(args.folder, prompts=args.prompts, prompt_length=args.prompt_length,
+                              new_tokens=args.new_tokens, seed=args.seed)
+    except AcceptanceError as e:
+        raise CliError(str(e)) from None
 
 
 def _sweep(args) -> dict:
-    from .acceptance import markdown_table, sweep
+    from .acceptance import AcceptanceError, check_options, markdown_table, sweep
 
     try:
         noises = [float(x) for x in args.mtp_noise.split(",") if x.strip()]
@@ -136,6 +139,10 @@ def _sweep(args) -> dict:
     if not noises:
         raise CliError("--mtp-noise needs at least one value")
     preset(args.preset)  # fail fast on a bad name
+    try:  # before any build (the context length is checked once a folder exists)
+        check_options(args.prompts, args.prompt_length, args.new_tokens, args.seed)
+    except AcceptanceError as e:
+        raise CliError(str(e)) from None
     result = sweep(args.preset, noises, precision=args.precision, out_scale=args.out_scale, prompts=args.prompts,
                    prompt_length=args.prompt_length, new_tokens=args.new_tokens, seed=args.seed)
     if args.json:

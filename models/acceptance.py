@@ -22,6 +22,24 @@ import onnxruntime as ort
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
+class AcceptanceError(ValueError):
+    """A measurement option out of range (the command line prints it as one line)."""
+
+
+def check_options(prompts: int, prompt_length: int, new_tokens: int, seed: int,
+                  context_length: int | None = None) -> None:
+    """Refuses options the measurement cannot run with. `new_tokens` >= 2: the first generated token has
+    no draft from a generated context, so one token gives no trial. The target reads positions up to
+    prompt_length + new_tokens - 2 (the last token is not fed back), which must be inside the context."""
+    for name, value, least in (("prompts", prompts, 1), ("prompt length", prompt_length, 1),
+                               ("new tokens", new_tokens, 2), ("seed", seed, 0)):
+        if value < least:
+            raise AcceptanceError(f"{name} must be at least {least}, got {value}")
+    if context_length is not None and prompt_length + new_tokens - 1 > context_length:
+        raise AcceptanceError(f"a {prompt_length}-token prompt and {new_tokens} new tokens exceed the context length "
+                              f"{context_length} (at most {context_length + 1 - prompt_length} new tokens fit)")
+
+
 class Session:
     """A raw ORT CPU session of model.onnx or mtp.onnx with zero-initialised past inputs."""
 
@@ -110,6 +128,7 @@ def measure_folder(folder: str | Path, prompts: int = 4, prompt_length: int = 32
     if not (folder / "genai_config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a model folder (no genai_config.json)")
     config = json.loads((folder / "genai_config.json").read_text())["model"]
+    check_options(prompts, prompt_length, new_tokens, seed, config["context_length"])
     head_size = config["decoder"]["head_size"]
     _require_cpu_runnable(folder)
     main, head = Session(folder / "model.onnx", head_size), Session(folder / "mtp.onnx", head_size)

@@ -27,6 +27,9 @@ GATED_DELTA_NET = "GatedDeltaNet"
 # GatedDeltaNet's state inputs (past_conv, past_recurrent) and outputs (present_conv, present_recurrent).
 STATE_INPUTS = (9, 10)
 STATE_OUTPUTS = (1, 2)
+# The most slots ort_mtp::GatedDeltaNet takes (csrc/gated_delta_net/gated_delta_net.cc, kMaxStateWindow):
+# an MTP round needs k+1 <= 9, so this bounds a mistake, not a use.
+MAX_STATE_WINDOW = 64
 # The com.microsoft ops of a linear-attention block that ops.linear_attention did not move: their CPU
 # kernels take no window (a block left on them keeps the graph unwindowed).
 ORT_BLOCK_OPS = ("LinearAttention", "CausalConvWithState")
@@ -37,8 +40,8 @@ def add_state_window(model: onnx.ModelProto, window: int) -> str | None:
     of `window` to the states they read and write, in place. Returns None, or (leaving the model as it
     was) why not: no such node, a block left on ONNX Runtime's ops, a node windowed already, or a state
     that is not a graph input or output read or written by that node alone."""
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"state window must be an integer >= 1, got {window!r}")
+    if not isinstance(window, int) or isinstance(window, bool) or not 1 <= window <= MAX_STATE_WINDOW:
+        raise ValueError(f"state window must be an integer from 1 to {MAX_STATE_WINDOW}, got {window!r}")
     graph = model.graph
     left = [n for n in graph.node if n.op_type in ORT_BLOCK_OPS and n.domain != DOMAIN]
     if left:

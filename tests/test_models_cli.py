@@ -49,6 +49,7 @@ def assert_one_line_error(capsys, argv, *fragments):
         (["--preset", "tiny", "--precision", "int8"], ["precision"]),
         (["--preset", "tiny", "--ep", "rocm"], ["ep must be"]),
         (["--preset", "tiny", "--state-window", "-1", "--ep", "cuda"], ["state_window"]),
+        (["--preset", "tiny", "--state-window", "100000", "--ep", "cuda"], ["from 0 to 64", "GatedDeltaNet"]),
         (["--preset", "tiny", "--mtp-noise", "-0.5"], ["mtp_noise"]),
         (["--preset", "tiny", "--mtp-noise", "lots"], ["--mtp-noise"]),
         (["--preset", "tiny", "--out-scale", "0"], ["out_scale"]),
@@ -139,6 +140,7 @@ def test_convert_rejects_bad_inputs(tmp_path, capsys):
     (tmp_path / "config.json").write_text("{}")
     assert_one_line_error(capsys, ["convert", hf, out, "--precision", "int3"], "precision")
     assert_one_line_error(capsys, ["convert", hf, out, "--ep", "cpu", "--state-window", "2"], "cuda")
+    assert_one_line_error(capsys, ["convert", hf, out, "--state-window", "65"], "from 0 to 64")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "x").write_text("")
     assert_one_line_error(capsys, ["convert", hf, out], "not an empty folder")
@@ -175,6 +177,32 @@ def test_convert_moves_the_builders_folder_in_only_once_it_is_complete(tmp_path,
 
 def test_acceptance_rejects_a_folder_without_a_model(tmp_path, capsys):
     assert_one_line_error(capsys, ["acceptance", str(tmp_path)], "genai_config.json")
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--prompts", "0"], "prompts must be at least 1"),
+        (["--prompt-length", "0"], "prompt length must be at least 1"),
+        (["--new-tokens", "1"], "new tokens must be at least 2"),  # one token gives no trial
+        (["--seed", "-1"], "seed must be at least 0"),
+        (["--new-tokens", "4066"], "at most 4065 new tokens fit"),  # 32-token prompts, context 4096
+    ],
+)
+def test_acceptance_rejects_options_it_cannot_measure_with(tiny_folder, capsys, args, fragment):
+    assert_one_line_error(capsys, ["acceptance", str(tiny_folder), *args], fragment)
+
+
+def test_acceptance_measures_up_to_the_last_position_the_context_holds(tiny_folder, capsys):
+    """The bound above is not one token short: 4065 new tokens after 32 read position 4095."""
+    assert models_main(["acceptance", str(tiny_folder), "--prompts", "1", "--new-tokens", "4065"]) == 0
+    assert json.loads(capsys.readouterr().out)["trials"] == 4064
+
+
+def test_sweep_rejects_measurement_options_before_building(capsys, monkeypatch):
+    monkeypatch.setattr(importlib.import_module("models.build"), "build", lambda *a, **k: pytest.fail("built before checking the options"))
+    assert_one_line_error(capsys, ["sweep", "--preset", "tiny", "--mtp-noise", "0.1", "--new-tokens", "0"],
+                          "new tokens must be at least 2")
 
 
 def test_acceptance_refuses_a_state_window_folder(tmp_path, capsys):

@@ -83,8 +83,11 @@ def test_bad_shapes_and_options_are_named():
         PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "hidden_size": 100}).validate()
     with pytest.raises(ConfigError, match="mrope_section"):
         PRESETS["tiny"].__class__(**{**PRESETS["tiny"].__dict__, "mrope_section": (1, 1, 1)}).validate()
-    with pytest.raises(ConfigError, match="state_window must be >= 0"):
+    with pytest.raises(ConfigError, match="state_window must be from 0 to 64"):
         BuildOptions(ep="cpu", state_window=-1).validate()
+    with pytest.raises(ConfigError, match="got 65"):  # the op would refuse the folder at every load
+        BuildOptions(ep="cuda", state_window=65).validate()
+    BuildOptions(ep="cuda", state_window=64).validate()
     BuildOptions(ep="cpu", state_window=2).validate()  # a CPU folder with a window runs on our ops
     with pytest.raises(ConfigError, match="mtp_noise"):
         BuildOptions(synthesis=Synthesis(mtp_noise=-1)).validate()
