@@ -25,6 +25,22 @@ NO_KERNEL = (r"not a registered function/op|Could not find an implementation|"
              r"assigned to the default CPU EP, but fallback to CPU EP has been explicitly disabled")
 
 
+def unusable(library: str | os.PathLike) -> str | None:
+    """None when ONNX Runtime can register `library` as a custom-op library, else why not, in one line."""
+    import onnxruntime as ort
+
+    return _register(ort.SessionOptions(), str(library))
+
+
+def _register(options, library: str) -> str | None:
+    options.log_severity_level = 4
+    try:
+        options.register_custom_ops_library(library)
+    except Exception as e:  # ORT's own Fail type: the loader refused the file
+        return f"{library} is not a usable custom-op library ({first_line(e)})"
+    return None
+
+
 def refusal(library: str, provider: str, model, op: str, what: str, device_id: int = 0) -> str | None:
     """None when a session of `model` (a one-node ModelProto of ort_mtp::`op`) can be created with
     `library` on `provider`, else why not, in one line. `what` describes the node's types for the
@@ -33,11 +49,9 @@ def refusal(library: str, provider: str, model, op: str, what: str, device_id: i
 
     name = os.path.basename(library)
     options = ort.SessionOptions()
-    options.log_severity_level = 4
-    try:
-        options.register_custom_ops_library(library)
-    except Exception as e:  # ORT's own Fail type: the loader refused the file
-        return f"{library} is not a usable custom-op library ({first_line(e)})"
+    why = _register(options, library)
+    if why:
+        return why
     if provider == "cuda":
         if "CUDAExecutionProvider" not in ort.get_available_providers():
             return f"this ONNX Runtime has no CUDA execution provider to check {op}'s CUDA kernel on"

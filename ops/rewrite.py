@@ -51,7 +51,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from . import DOMAIN, MATMUL_NBITS, LibraryNotFoundError, library_path, packing
+from . import DOMAIN, MATMUL_NBITS, LibraryNotFoundError, library_path, packing, probe
 from .kinds import (  # noqa: F401 (the kinds are also ops.rewrite's public names: ops.rewrite.REWRITES)
     ATTENTION,
     FLOAT_MATMUL,
@@ -691,6 +691,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
     check_output(output, source)
     if output.exists() and (not output.is_dir() or any(output.iterdir())):
         raise RewriteError(f"{output} exists and is not an empty folder")
+    if library is not None:  # before any work: the folder would name a library onnxruntime-genai cannot load
+        _check_library(Path(library))
     try:
         config = json.loads(config_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -749,8 +751,7 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
 
     lib_src = Path(library) if library else Path(library_path())
     if rewritten:
-        if not lib_src.is_file():
-            raise RewriteError(f"custom-op library {lib_src} does not exist")
+        _check_library(lib_src)
         report.library = lib_src.name
         for section_path, section in sections:
             if section["filename"] not in rewritten:
@@ -799,6 +800,16 @@ def _carry_over(source: Path, output: Path, written: set[str], report: FolderRep
             report.links += 1
         else:
             report.copies += 1
+
+
+def _check_library(path: Path) -> None:
+    """Raises RewriteError unless `path` is a file ONNX Runtime loads as a custom-op library."""
+    if not path.is_file():
+        raise RewriteError(f"custom-op library {path} does not exist" if not path.exists()
+                           else f"custom-op library {path} is not a file")
+    why = probe.unusable(path)
+    if why:
+        raise RewriteError(why)
 
 
 def rewrite_path(source, output, include=None, exclude=None, library: str | None = None,

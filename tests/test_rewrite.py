@@ -543,6 +543,8 @@ def test_cli_rewrite_file_and_folder(model_dir, genai_folder, tmp_path, capsys):
         (["IN_FILE", "OUT", "--include", "re:["], "is not a valid regular expression"),
         (["IN_FILE", "OUT", "--include", "nothing*"], "select none of its 6 MatMulNBits nodes"),
         (["IN_FOLDER", "OUT", "--library", "NO_LIB"], "does not exist"),
+        (["IN_FOLDER", "OUT", "--library", "IN_TEXT"], "is not a usable custom-op library"),  # not copied in
+        (["IN_FOLDER", "OUT", "--library", "IN_PLAIN_FOLDER"], "is not a file"),
     ],
 )
 def test_cli_errors_are_one_line(args, message, model_dir, genai_folder, tmp_path, capsys):
