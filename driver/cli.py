@@ -95,6 +95,20 @@ def resolve_mode(mode: str, folder) -> str:
     return "greedy" if folder.mtp is None else "mtp"
 
 
+def check_mtp_options(args, mode: str, folder) -> None:
+    """--draft-tokens and --commit replay shape MTP rounds: with greedy decoding they would be ignored, so
+    giving them is a mistake to report (as top-k without a temperature is), not to pass over."""
+    if mode != "greedy":
+        return
+    given = [flag for flag, set_ in (("--draft-tokens", args.draft_tokens is not None),
+                                     ("--commit replay", args.commit == "replay")) if set_]
+    if not given:
+        return
+    why = "--mode greedy" if args.mode == "greedy" else f"greedy decoding ({folder.path} has no MTP head)"
+    verb = "applies" if len(given) == 1 else "apply"
+    raise DriverError(f"{' and '.join(given)} {verb} only to MTP decoding, and this run is {why}")
+
+
 def resolve_draft_tokens(draft_tokens: int | None, provider: str, folder) -> int:
     if draft_tokens is not None:
         return draft_tokens
@@ -119,6 +133,7 @@ def cmd_generate(args) -> int:
     # Buffers sized for this run: the prompt, the new tokens, and the widest verify beyond them.
     need = len(prompt_ids) + max(args.max_new_tokens, 1)
     mode = resolve_mode(args.mode, folder)
+    check_mtp_options(args, mode, folder)
     generator = Generator(folder, provider=args.provider, mode=mode,
                           draft_tokens=resolve_draft_tokens(args.draft_tokens, args.provider, folder),
                           max_length=max(2, min(folder.context_length, need)), prefill_chunk=args.prefill_chunk,

@@ -153,6 +153,11 @@ def test_user_mistakes_are_one_line_errors(tiny_folder, tmp_path, folder_copy, c
     one_line_error(capsys, ["generate", "--model", str(tmp_path), "--prompt", "x"], "genai_config.json is missing")
     one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--draft-tokens", "0"], "from 1 to 8")
     one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--draft-tokens", "9"], "from 1 to 8")
+    # options of MTP rounds that greedy decoding would ignore
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--mode", "greedy", "--draft-tokens", "3"],
+                   "--draft-tokens applies only to MTP decoding", "--mode greedy")
+    one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--mode", "greedy", "--commit", "replay"],
+                   "--commit replay applies only to MTP decoding")
     one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--max-new-tokens", "0"], "positive")
     one_line_error(capsys, ["generate", "--model", model, "--prompt", "x", "--max-new-tokens", "5000"],
                    "exceed the context length of 4096")
@@ -240,6 +245,7 @@ def test_folder_without_mtp_head_runs_greedy_and_refuses_mtp(folder_copy, capsys
     assert main(base) == 0  # --mode auto: greedy for a folder without a head
     capsys.readouterr()
     one_line_error(capsys, base + ["--mode", "mtp"], "has no MTP head", "--mode greedy")
+    one_line_error(capsys, base + ["--draft-tokens", "2"], "applies only to MTP decoding", "has no MTP head")
 
 
 def test_real_process_error_has_no_traceback(tmp_path):
