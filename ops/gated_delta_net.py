@@ -367,7 +367,6 @@ def ort_subgraph_model(cfg: GdnConfig, w: GdnWeights) -> onnx.ModelProto:
     if cfg.gate_dtype != "float32":
         raise ValueError("LinearAttentionGate takes float32 dt_bias and neg_exp_A")
     hk, dk, kd, vd = cfg.num_k_heads, cfg.k_head_dim, cfg.key_dim, cfg.value_dim
-    win = cfg.window()
     inputs = [helper.make_tensor_value_info("qkv", T, ["B", "S", cfg.conv_dim]),
               helper.make_tensor_value_info("z", T, ["B", "S", vd]),
               helper.make_tensor_value_info("a", T, ["B", "S", cfg.num_v_heads]),

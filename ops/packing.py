@@ -284,8 +284,9 @@ def pack_model(model: onnx.ModelProto, external: ExternalWeights | None = None,
             continue
         K, bs = attrs["K"], attrs["block_size"]
         for N, b_name, s_name, _ in sets:
-            for t, fn in ((inits[b_name], lambda raw, N=N: pack_tiles(N, K, bs, b=raw)[0].reshape(raw.shape)),
-                          (inits[s_name], lambda raw, N=N: pack_tiles(N, K, bs, scales=raw)[1].reshape(raw.shape))):
+            for t, fn in ((inits[b_name], lambda raw, N=N, K=K, bs=bs: pack_tiles(N, K, bs, b=raw)[0].reshape(raw.shape)),
+                          (inits[s_name],
+                           lambda raw, N=N, K=K, bs=bs: pack_tiles(N, K, bs, scales=raw)[1].reshape(raw.shape))):
                 try:
                     _repack(t, fn, external)
                 except ValueError as e:  # numpy's message ("cannot reshape ...") names no tensor or file

@@ -428,15 +428,15 @@ def non_text_field(message, where: str = "") -> str | None:
     """The first string field (a name, an op type, a location...) that holds bytes which are not UTF-8,
     or None. Bytes fields (raw tensor data, string attributes) are not text and not read; every other
     message of the graph is visited, so the time grows with the nodes, not with external weights."""
-    for field, value in message.ListFields():
-        if field.type == field.TYPE_BYTES:
+    for descriptor, value in message.ListFields():
+        if descriptor.type == descriptor.TYPE_BYTES:
             continue
-        name = f"{where}.{field.name}" if where else field.name
-        values = value if field.is_repeated else [value]
-        if field.type == field.TYPE_STRING:
+        name = f"{where}.{descriptor.name}" if where else descriptor.name
+        values = value if descriptor.is_repeated else [value]
+        if descriptor.type == descriptor.TYPE_STRING:
             if any(not isinstance(v, str) for v in values):
                 return name
-        elif field.type == field.TYPE_MESSAGE:
+        elif descriptor.type == descriptor.TYPE_MESSAGE:
             for v in values:
                 found = non_text_field(v, name)
                 if found:
