@@ -44,6 +44,9 @@ def test_e2e_script_dry_run(tiny_folder, tmp_path):
     assert ours["rewritten"]["mlp"] > 0 and without["rewritten"]["mlp"] == 0
     assert without["rewritten"]["matmul_nbits"] == ours["rewritten"]["matmul_nbits"] > 0
     assert ours["repetitions"] == 2 and ours["weight_bytes"]["main"] > 0
+    # each Generator's own memory (here resident memory: the CPU EP), not the two together
+    memory = ours["memory_bytes"]
+    assert memory["mtp_generator"] > 0 and memory["peak_both"] >= memory["mtp_generator"] + memory["greedy_generator"]
     assert set(ours["modes"]) == {"greedy", "mtp_k1", "mtp_k2", "mtp_k3", "mtp_k4"}
     for name, row in ours["modes"].items():
         assert row["ttft_ms_median"] > 0 and row["weight_gb_s_median"] > 0
