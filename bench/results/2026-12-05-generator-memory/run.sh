@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The memory each Generator adds on the 27B-class folder (bench/e2e_27b.py's memory_bytes, b8aeef1): the
+# device peak the side-by-side runs reported since a252e78 (44-50 GB) held the MTP and the greedy
+# Generator at once, two copies of the main weights. Predicted: each ~17-23 GB (17.1 GB of main weights,
+# the head's 0.3 GB, activations, CUDA graphs), the two together near the old peak.
+# On the device, after the setup chunks:
+#   bash bench/results/2026-12-05-generator-memory/run.sh memory
+set -u
+export PYTHONUNBUFFERED=1
+source bench/device_library.sh
+device_run_start $1
+case $1 in
+  memory)
+    st generator memory
+    OUT=$R timeout 400 python3 bench/e2e_27b.py --configurations ours --prompts 1 --new-tokens 16 \
+      --repetitions 1 --skip-identity > $R/e2e.log 2>&1
+    echo "e2e rc $?" | tee -a $R/steps.log
+    grep -v "W:onnxruntime" $R/e2e.log | grep -E "memory|tok/s" | tail -8 | cut -c1-300 ;;
+  *) echo "stage must be memory"; exit 2 ;;
+esac
+st done
+pack
