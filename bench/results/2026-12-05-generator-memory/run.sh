@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The memory each Generator adds on the 27B-class folder (bench/e2e_27b.py's memory_bytes, b8aeef1): the
+# Run 2026-12-05 on an H100 (README.md here). The memory each Generator adds on the 27B-class folder (bench/e2e_27b.py's memory_bytes, b8aeef1): the
 # device peak the side-by-side runs reported since a252e78 (44-50 GB) held the MTP and the greedy
 # Generator at once, two copies of the main weights. Predicted: each ~17-23 GB (17.1 GB of main weights,
 # the head's 0.3 GB, activations, CUDA graphs), the two together near the old peak.
