@@ -70,6 +70,37 @@ def test_e2e_script_refuses_a_noise_for_an_existing_folder(tiny_folder, tmp_path
     assert not (tmp_path / "e2e_27b.json").exists()
 
 
+def test_e2e_script_counts_genai_acceptance_as_ours(tmp_path):
+    """onnxruntime-genai's MtpGenerator on a CPU fp16 folder through bench/e2e_27b.py: its acceptance is
+    accepted / drafted, as our rows count it, beside genai's own acceptance_rate (accepted / drafts
+    compared, which stop at a round's first mismatch): equal at k = 1, never above it at k >= 2."""
+    import os
+
+    pytest.importorskip("onnxruntime_genai")
+    from models.build import build
+    from models.config import BuildOptions, preset
+
+    folder = tmp_path / "tiny_fp16"
+    build(preset("tiny"), folder, BuildOptions(precision="fp16", ep="cpu"))
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "e2e_27b.py"), "--provider", "cpu", "--folder",
+                           str(folder), "--configurations", "genai", "--prompts", "2", "--new-tokens", "24",
+                           "--skip-identity"],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OUT": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    genai = json.loads((tmp_path / "e2e_27b.json").read_text())["genai"]
+    assert genai["acceptance"] == "accepted / drafted"
+    below = 0
+    for name, row in genai["modes"].items():
+        for entry in row["prompts"] if name != "greedy" else []:
+            ours, theirs = entry["acceptance"], entry["genai_acceptance_rate"]
+            if name == "mtp_k1":
+                assert ours == pytest.approx(theirs, abs=1e-6)  # every draft is compared
+            else:
+                assert ours <= theirs + 1e-6
+                below += ours < theirs - 1e-6
+    assert below > 0  # some round stopped at a mismatch before its last draft
+
+
 def test_kernel_profile_phase_attribution():
     """bench/kernel_profile_27b.py gives each kernel to the phase range that holds its start (ranges
     sorted or not), and to "outside phases" when none does."""
