@@ -5,6 +5,9 @@
 # the head's 0.3 GB, activations, CUDA graphs), the two together near the old peak.
 # On the device, after the setup chunks:
 #   bash bench/results/2026-12-05-generator-memory/run.sh memory
+#   bash bench/results/2026-12-05-generator-memory/run.sh breakdown   # prepared, not yet run: breakdown.py
+#       (the growth after each step of loading and warming up: greedy, MTP k = 1..4 with graphs, MTP without
+#       graphs; ~3 min with the folder built)
 set -u
 export PYTHONUNBUFFERED=1
 source bench/device_library.sh
@@ -16,7 +19,12 @@ case $1 in
       --repetitions 1 --skip-identity > $R/e2e.log 2>&1
     echo "e2e rc $?" | tee -a $R/steps.log
     grep -v "W:onnxruntime" $R/e2e.log | grep -E "memory|tok/s" | tail -8 | cut -c1-300 ;;
-  *) echo "stage must be memory"; exit 2 ;;
+  breakdown)
+    st memory breakdown
+    OUT=$R timeout 400 python3 bench/results/2026-12-05-generator-memory/breakdown.py > $R/breakdown.log 2>&1
+    echo "breakdown rc $?" | tee -a $R/steps.log
+    grep -v "W:onnxruntime" $R/breakdown.log | tail -14 | cut -c1-200 ;;
+  *) echo "stage must be memory or breakdown"; exit 2 ;;
 esac
 st done
 pack
