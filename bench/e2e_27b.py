@@ -46,24 +46,27 @@ ACCEPTED_PER_DRAFTED = "accepted / drafted"  # what every acceptance in the JSON
 MAIN_FORWARDS = ("decode", "verify", "re-advance")  # forwards of the main graph after the prompt's
 
 
-def ensure_folder(folder: Path, state_window: int, mtp_noise: float | None = None) -> dict:
-    """Builds the qwen35-27b folder when it is missing. `mtp_noise` (the head's acceptance knob, models
-    build's default when None) applies to a build only: a folder does not record the noise it was built
-    with, so an existing one is refused rather than reported under a noise it may not have."""
+def ensure_folder(folder: Path, state_window: int, mtp_noise: float | None = None,
+                  out_scale: float | None = None) -> dict:
+    """Builds the qwen35-27b folder when it is missing. `mtp_noise` and `out_scale` (the synthetic weights'
+    acceptance knobs, models build's defaults when None: docs/models.md) apply to a build only: a folder
+    does not record the knobs it was built with, so an existing one is refused rather than reported under
+    knobs it may not have."""
+    knobs = {name: value for name, value in (("mtp_noise", mtp_noise), ("out_scale", out_scale)) if value is not None}
     if (folder / "genai_config.json").is_file():
-        if mtp_noise is not None:
-            raise SystemExit(f"--mtp-noise {mtp_noise:g}: {folder} already exists and does not record its noise; "
+        if knobs:
+            given = ", ".join(f"--{name.replace('_', '-')} {value:g}" for name, value in knobs.items())
+            raise SystemExit(f"{given}: {folder} already exists and does not record how it was built; "
                              "pass a --folder that does not exist yet")
         from driver.folder import read_folder
 
         return {"built": False, "state_window": read_folder(folder).main.state_window}
     start = time.perf_counter()
-    noise = [] if mtp_noise is None else ["--mtp-noise", str(mtp_noise)]
+    options = [arg for name, value in knobs.items() for arg in (f"--{name.replace('_', '-')}", str(value))]
     subprocess.run([sys.executable, "-m", "models", "build", "--preset", "qwen35-27b", "--out", str(folder),
-                    "--precision", "int4", "--ep", "cuda", "--state-window", str(state_window), *noise, "--overwrite"],
+                    "--precision", "int4", "--ep", "cuda", "--state-window", str(state_window), *options, "--overwrite"],
                    check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    built = {"built": True, "seconds": round(time.perf_counter() - start, 1), "state_window": state_window}
-    return built if mtp_noise is None else {**built, "mtp_noise": mtp_noise}
+    return {"built": True, "seconds": round(time.perf_counter() - start, 1), "state_window": state_window, **knobs}
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -345,6 +348,10 @@ def main() -> int:
     ap.add_argument("--mtp-noise", type=float,
                     help="the head's noise for a folder built by this run (models build --mtp-noise, the acceptance "
                          "knob; default: the builder's); refused for a folder that exists")
+    ap.add_argument("--out-scale", type=float,
+                    help="the output projections' scale for a folder built by this run (models build --out-scale: "
+                         "smaller makes the target's next token more a function of the current one, so the head "
+                         "accepts more; default: the builder's); refused for a folder that exists")
     ap.add_argument("--provider", default="cuda", help="cpu: a dry run of the script on a CPU folder")
     ap.add_argument("--configurations", default="ours,ort,genai",
                     help="any of ours, ours_mm (ours with only the MatMulNBits rewrite: ORT's own linear-attention "
@@ -364,7 +371,7 @@ def main() -> int:
     report = {"command": " ".join(["bench/e2e_27b.py", *sys.argv[1:]]),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "revision": git_revision(),
               "folder": str(folder), "provider": args.provider, "new_tokens": args.new_tokens, "prompt_length": args.prompt_length,
-              "build": ensure_folder(folder, args.state_window, args.mtp_noise)}
+              "build": ensure_folder(folder, args.state_window, args.mtp_noise, args.out_scale)}
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
     rng = np.random.default_rng(0)  # token-id prompts: the tokenizer's real tokens are the low ids
     prompts = [rng.integers(0, min(vocab, 8000), args.prompt_length).tolist() for _ in range(args.prompts)]

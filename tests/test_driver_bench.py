@@ -57,16 +57,18 @@ def test_e2e_script_dry_run(tiny_folder, tmp_path):
                 assert entry["first_difference_from_greedy"] is None
 
 
-def test_e2e_script_refuses_a_noise_for_an_existing_folder(tiny_folder, tmp_path):
-    """--mtp-noise applies to a folder the run builds: an existing folder does not record the noise it was
-    built with, so the run stops, naming the folder, before timing anything under a noise it may not have."""
+@pytest.mark.parametrize("knob", [["--mtp-noise", "0"], ["--out-scale", "0.01"]])
+def test_e2e_script_refuses_a_knob_for_an_existing_folder(tiny_folder, tmp_path, knob):
+    """--mtp-noise and --out-scale apply to a folder the run builds: an existing folder does not record the
+    knobs it was built with, so the run stops, naming the folder, before timing anything under knobs it may
+    not have."""
     import os
 
     done = subprocess.run([sys.executable, str(REPO / "bench" / "e2e_27b.py"), "--provider", "cpu", "--folder",
-                           str(tiny_folder), "--mtp-noise", "0", "--configurations", "ours"],
+                           str(tiny_folder), *knob, "--configurations", "ours"],
                           capture_output=True, text=True, cwd=REPO, env={**os.environ, "OUT": str(tmp_path)})
     assert done.returncode != 0
-    assert f"{tiny_folder} already exists" in done.stderr and "Traceback" not in done.stderr
+    assert f"{knob[0]} {knob[1]}: {tiny_folder} already exists" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "e2e_27b.json").exists()
 
 
