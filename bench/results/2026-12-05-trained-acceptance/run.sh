@@ -24,18 +24,18 @@ case $1 in
   probe)
     for scale in 0.01 0.005 0.0025; do
       st probe out-scale $scale
-      rm -rf /tmp/m27_probe
-      OUT=$R/probe_$scale timeout 170 python3 bench/e2e_27b.py --folder /tmp/m27_probe --mtp-noise 0 \
+      rm -rf /tmp/m27_probe "$ORT_MTP_CACHE_DIR"  # 17 GB each, and as much again in the tiles cache
+      OUT=$R/probe_$scale timeout 200 python3 bench/e2e_27b.py --folder /tmp/m27_probe --mtp-noise 0 \
         --out-scale $scale --configurations ours --prompts 4 --new-tokens 128 --repetitions 1 --skip-identity \
         > $R/probe_$scale.log 2>&1
       echo "probe $scale rc $?" | tee -a $R/steps.log
       grep -v "W:onnxruntime" $R/probe_$scale.log | grep -E "^ours " | cut -c1-200
       pack
     done
-    rm -rf /tmp/m27_probe ;;
+    rm -rf /tmp/m27_probe "$ORT_MTP_CACHE_DIR" ;;
   side)
     st side by side at out-scale $2
-    rm -rf /tmp/m27_probe /tmp/m27_side
+    rm -rf /tmp/m27_probe /tmp/m27_side "$ORT_MTP_CACHE_DIR"
     OUT=$R timeout 560 python3 bench/e2e_27b.py --folder /tmp/m27_side --mtp-noise 0 --out-scale $2 \
       --configurations ours,genai --prompts 4 --new-tokens 256 --repetitions 3 --skip-identity > $R/e2e.log 2>&1
     echo "e2e rc $?" | tee -a $R/steps.log
