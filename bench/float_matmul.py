@@ -17,11 +17,9 @@ Writes float_matmul.json to --out, else $OUT, else bench/results.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +30,7 @@ if str(ROOT) not in sys.path:
 
 import ops.float_matmul as fm  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import graph_or_eager, time_bound_run, out_dir  # noqa: E402
+from gpu_timing import graph_or_eager, op_bench_args, out_dir, run_impls, time_bound_run  # noqa: E402
 
 IMPLS = {"ours": ("ort_mtp", False), "ours_ab": ("ort_mtp", True), "ort": ("", False)}  # (domain, two weights)
 
@@ -77,26 +75,14 @@ def run_impl(device, impl: str, seed: int, reps: int, calls: int, dry: bool) -> 
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out")
-    parser.add_argument("--reps", type=int, default=11)
-    parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cpu-dry-run", action="store_true")
-    args = parser.parse_args(argv)
+    args = op_bench_args(__doc__.split("\n\n")[0], argv, reps=11, calls=50)
     dry = args.cpu_dry_run
     device = make_device("cpu" if dry else "cuda", graph_capture=False)
     k, n, rows = shape(dry)
     report = {"script": "bench/float_matmul.py", "argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-              "info": describe(device), "k": k, "n": n, "dtype": "float16", "reps": args.reps, "calls": args.calls,
-              "impls": {}, "errors": []}
-    with device.active():
-        for impl in IMPLS:
-            try:
-                report["impls"][impl] = run_impl(device, impl, args.seed, args.reps, args.calls, dry)
-            except Exception as e:  # noqa: BLE001  (one failing implementation must not lose the other)
-                report["errors"].append({"impl": impl, "error": f"{type(e).__name__}: {e}"[:1000],
-                                         "traceback": traceback.format_exc()[-3000:]})
+              "info": describe(device), "k": k, "n": n, "dtype": "float16", "reps": args.reps, "calls": args.calls}
+    report["impls"], report["errors"] = run_impls(
+        device, IMPLS, lambda impl: run_impl(device, impl, args.seed, args.reps, args.calls, dry))
     impls = report["impls"]
     table = {}
     for m in rows:

@@ -21,12 +21,10 @@ Writes gated_delta_net.json to --out, else $OUT, else bench/results.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -38,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import ops.gated_delta_net as gdn  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import graph_or_eager, time_bound_run, out_dir  # noqa: E402
+from gpu_timing import graph_or_eager, op_bench_args, out_dir, run_impls, time_bound_run  # noqa: E402
 from ops.gated_delta_net import GdnConfig  # noqa: E402
 
 WIDTHS = list(range(1, 9))
@@ -86,28 +84,16 @@ def run_impl(device, impl: str, cfg: GdnConfig, w: gdn.GdnWeights, seed: int, re
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out")
-    parser.add_argument("--reps", type=int, default=15)
-    parser.add_argument("--calls", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cpu-dry-run", action="store_true")
-    args = parser.parse_args(argv)
+    args = op_bench_args(__doc__.split("\n\n")[0], argv, reps=15, calls=50)
     dry = args.cpu_dry_run
     device = make_device("cpu" if dry else "cuda", graph_capture=False)
     cfg = config(dry)
     w = gdn.random_weights(np.random.default_rng(args.seed), cfg)
     report = {"script": "bench/gated_delta_net.py", "argv": sys.argv[1:], "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "info": describe(device), "config": asdict(cfg), "batch": 1, "reps": args.reps, "calls": args.calls,
-              "columns_per_block": os.environ.get("ORT_MTP_GDN_COLS") or "the library's default",
-              "impls": {}, "errors": []}
-    with device.active():
-        for impl in IMPLS:
-            try:
-                report["impls"][impl] = run_impl(device, impl, cfg, w, args.seed, args.reps, args.calls)
-            except Exception as e:  # noqa: BLE001  (one failing implementation must not lose the others)
-                report["errors"].append({"impl": impl, "error": f"{type(e).__name__}: {e}"[:1000],
-                                         "traceback": traceback.format_exc()[-3000:]})
+              "columns_per_block": os.environ.get("ORT_MTP_GDN_COLS") or "the library's default"}
+    report["impls"], report["errors"] = run_impls(
+        device, IMPLS, lambda impl: run_impl(device, impl, cfg, w, args.seed, args.reps, args.calls))
     table = {}
     impls = report["impls"]
     for S in map(str, WIDTHS):

@@ -7,15 +7,19 @@ time_per_call times calls with CUDA events on the stream ONNX Runtime shares wit
   time_queued            device time per call, each sample queued behind busy_kernel;
   time_bound_run         one IOBinding run of a session timed so, after its warm-up runs;
   graph_or_eager         a measurement under ORT's CUDA graph, or eagerly where capture is refused;
-  out_dir                where a benchmark writes its JSON.
+  out_dir                where a benchmark writes its JSON;
+  op_bench_args          the op benchmarks' shared options (--out, --reps, --calls, --seed, --cpu-dry-run);
+  run_impls              each implementation's measurement, one failure kept as an error, not fatal.
 
 On the CPU EP (a benchmark's dry run) they use the host clock and numpy, and busy_kernel does nothing.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
+import traceback
 from functools import lru_cache
 from pathlib import Path
 
@@ -132,3 +136,29 @@ def out_dir(explicit: str | None) -> Path:
     folder = Path(explicit or os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def op_bench_args(description: str, argv, reps: int, calls: int) -> argparse.Namespace:
+    """The options every op benchmark (float_matmul.py, group_query_attention.py, gated_delta_net.py)
+    takes, with its own defaults for --reps and --calls."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out")
+    parser.add_argument("--reps", type=int, default=reps)
+    parser.add_argument("--calls", type=int, default=calls)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu-dry-run", action="store_true")
+    return parser.parse_args(argv)
+
+
+def run_impls(device, impls, measure) -> tuple[dict, list]:
+    """{impl: measure(impl)} over `impls` inside the device's context, and the errors of those that raised
+    (one failing implementation must not lose the others' results)."""
+    results, errors = {}, []
+    with device.active():
+        for impl in impls:
+            try:
+                results[impl] = measure(impl)
+            except Exception as e:  # noqa: BLE001  (kept in the report, with its traceback)
+                errors.append({"impl": impl, "error": f"{type(e).__name__}: {e}"[:1000],
+                               "traceback": traceback.format_exc()[-3000:]})
+    return results, errors

@@ -20,11 +20,9 @@ Writes group_query_attention.json to --out, else $OUT, else bench/results.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -36,7 +34,7 @@ if str(ROOT) not in sys.path:
 
 import ops.group_query_attention as gqa  # noqa: E402
 from driver.device import bind, describe, make_device, make_session  # noqa: E402
-from gpu_timing import graph_or_eager, time_bound_run, out_dir  # noqa: E402
+from gpu_timing import graph_or_eager, op_bench_args, out_dir, run_impls, time_bound_run  # noqa: E402
 from ops.group_query_attention import GqaConfig  # noqa: E402
 
 IMPLS = ("ours", "ort")
@@ -88,26 +86,15 @@ def run_impl(device, impl: str, cfg: GqaConfig, seed: int, reps: int, calls: int
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out")
-    parser.add_argument("--reps", type=int, default=11)
-    parser.add_argument("--calls", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--cpu-dry-run", action="store_true")
-    args = parser.parse_args(argv)
+    args = op_bench_args(__doc__.split("\n\n")[0], argv, reps=11, calls=30)
     dry = args.cpu_dry_run
     device = make_device("cpu" if dry else "cuda", graph_capture=False)
     cfg = config(dry)
     report = {"script": "bench/group_query_attention.py", "argv": sys.argv[1:],
               "date": time.strftime("%Y-%m-%d %H:%M:%S"), "info": describe(device), "config": asdict(cfg),
-              "batch": 1, "reps": args.reps, "calls": args.calls, "impls": {}, "errors": []}
-    with device.active():
-        for impl in IMPLS:
-            try:
-                report["impls"][impl] = run_impl(device, impl, cfg, args.seed, args.reps, args.calls, dry)
-            except Exception as e:  # noqa: BLE001  (one failing implementation must not lose the other)
-                report["errors"].append({"impl": impl, "error": f"{type(e).__name__}: {e}"[:1000],
-                                         "traceback": traceback.format_exc()[-3000:]})
+              "batch": 1, "reps": args.reps, "calls": args.calls}
+    report["impls"], report["errors"] = run_impls(
+        device, IMPLS, lambda impl: run_impl(device, impl, cfg, args.seed, args.reps, args.calls, dry))
     impls = report["impls"]
     table = {}
     for case in cases(dry):
