@@ -61,12 +61,18 @@ DEFAULT_LOG_LEVEL = 4
 
 
 def log_level() -> int:
-    value = os.environ.get(LOG_LEVEL_ENV, "")
-    if value in ("0", "1", "2", "3", "4"):
-        level = int(value)
-        ort.set_default_logger_severity(level)
-        return level
-    return DEFAULT_LOG_LEVEL
+    """ORT's log severity for the driver's sessions: DRIVER_ORT_LOG_LEVEL (0 verbose .. 4 fatal, ORT's
+    scale), else 4, so that ORT does not print a second line for an error the driver reports. A value
+    that is not one of those is an error: ignoring it would leave whoever set it looking for logs."""
+    value = os.environ.get(LOG_LEVEL_ENV, "").strip()
+    if not value:
+        return DEFAULT_LOG_LEVEL
+    if value not in ("0", "1", "2", "3", "4"):
+        raise DriverError(f"{LOG_LEVEL_ENV} must be one of 0 (verbose), 1 (info), 2 (warning), 3 (error) or 4 "
+                          f"(fatal), got {value!r}")
+    level = int(value)
+    ort.set_default_logger_severity(level)
+    return level
 
 
 def register_library(options: ort.SessionOptions) -> None:

@@ -272,6 +272,12 @@ def test_a_library_that_is_not_one_is_named(tiny_folder, capsys, monkeypatch, tm
     one_line_error(capsys, generate(tiny_folder), f"{fake} is not a usable ONNX Runtime custom-op library")
 
 
+@pytest.mark.parametrize("value", ["verbose", "5", "-1"])
+def test_a_bad_ort_log_level_is_named(tiny_folder, capsys, monkeypatch, value):
+    monkeypatch.setenv("DRIVER_ORT_LOG_LEVEL", value)
+    one_line_error(capsys, generate(tiny_folder), "DRIVER_ORT_LOG_LEVEL must be one of 0 (verbose)", repr(value))
+
+
 def test_ort_prints_nothing_above_our_error(folder, capfd, monkeypatch):
     """Session creation fails (data file cut short): ORT's logger would print its own error line."""
     monkeypatch.delenv("DRIVER_ORT_LOG_LEVEL", raising=False)
