@@ -134,6 +134,17 @@ def configuration(e2e: dict, label: str | None = None, rewrite: bool | None = No
     raise ReportError(f"e2e_27b.json has no configuration {label or ('rewrite=' + str(rewrite))}")
 
 
+def memory_sentence(e2e: dict) -> str:
+    """What our two Generators hold on the device, where the run measured it (bench/e2e_27b.py's
+    memory_bytes, since b8aeef1; earlier runs reported one peak over both, which no user run holds)."""
+    ours = next((c for c in e2e["configurations"] if c.get("label") == "ours"), {})
+    memory = ours.get("memory_bytes") or {}
+    if memory.get("mtp_generator") is None or memory.get("greedy_generator") is None:
+        return ""
+    return (f" Device memory our Generators add (loaded, CUDA graphs captured): MTP "
+            f"{memory['mtp_generator'] / 1e9:.1f} GB, greedy {memory['greedy_generator'] / 1e9:.1f} GB.")
+
+
 def tok_s(modes: dict, mode: str) -> float:
     return modes[mode]["tok_s_median"]
 
@@ -185,7 +196,8 @@ def e2e_table(run: dict, trained: dict) -> str:
             f"(k={genai_best[len('mtp_k'):]}); {vs}. The acceptances are the synthetic head's, set by its "
             f"construction (`--mtp-noise`), not a trained model's: the trained default model's head accepts "
             f"{trained_acceptance(trained, ks)} at k = {nums.replace('/', ', ')} on held-out text (its table "
-            f"above)." + ("" if e2e["genai"].get("acceptance") == "accepted / drafted" else f"\n\n{GENAI_RATE_NOTE}"))
+            f"above).{memory_sentence(e2e)}"
+            + ("" if e2e["genai"].get("acceptance") == "accepted / drafted" else f"\n\n{GENAI_RATE_NOTE}"))
 
 
 def trained_acceptance(modes: dict, ks: list[str]) -> str:

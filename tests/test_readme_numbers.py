@@ -53,6 +53,22 @@ def test_a_changed_value_changes_the_rendering(report, data):
     assert m8.startswith(f"{ratio:.2f}x at M = 8")
 
 
+def test_the_side_by_side_follows_the_runs_memory_and_genai_acceptance(report, data):
+    """A run that measured each Generator's memory gets a sentence with it; a run whose onnxruntime-genai
+    acceptances are counted as ours (accepted / drafted) loses the footnote on genai's own measure."""
+    readme = (REPO / "README.md").read_text()
+    changed = copy.deepcopy(data)
+    e2e = changed["e2e"]["json"]
+    ours = next(c for c in e2e["configurations"] if c["label"] == "ours")
+    ours["memory_bytes"] = {"mtp_generator": 24.3e9, "greedy_generator": 19.6e9, "peak_both": 43.9e9}
+    e2e["genai"]["acceptance"] = "accepted / drafted"
+    after = report.render(readme, changed)
+    assert "MTP 24.3 GB, greedy 19.6 GB" in after
+    assert "acceptance_rate`: accepted / drafts compared" not in after
+    before = report.render(readme, data)
+    assert "acceptance_rate`: accepted / drafts compared" in before and "GB, greedy" not in before
+
+
 def greedy_cell(data) -> tuple[str, str]:
     """Our greedy tok/s as README's table prints it, and the same cell nudged by 0.1."""
     ours = next(c for c in data["e2e"]["json"]["configurations"] if c["label"] == "ours")
