@@ -372,6 +372,9 @@ def main() -> int:
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "revision": git_revision(),
               "folder": str(folder), "provider": args.provider, "new_tokens": args.new_tokens, "prompt_length": args.prompt_length,
               "build": ensure_folder(folder, args.state_window, args.mtp_noise, args.out_scale)}
+    from driver.device import describe, make_device
+
+    report["info"] = describe(make_device(args.provider, graph_capture=False))  # the GPU's name, ORT's version
     vocab = json.loads((folder / "genai_config.json").read_text())["model"]["vocab_size"]
     rng = np.random.default_rng(0)  # token-id prompts: the tokenizer's real tokens are the low ids
     prompts = [rng.integers(0, min(vocab, 8000), args.prompt_length).tolist() for _ in range(args.prompts)]

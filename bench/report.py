@@ -388,8 +388,10 @@ def sampling_line(run: dict) -> str:
 
 
 def measured(data: dict) -> str:
-    info = data["gemv"]["json"]["info"]
     e2e = data["e2e"]["json"]
+    # The machine of the end-to-end run where its JSON says (bench/e2e_27b.py's `info`); the runs that did
+    # not record it shared their lease's GPU with the GEMV run, which did.
+    info = e2e.get("info") if e2e.get("info", {}).get("gpu") else data["gemv"]["json"]["info"]
     prompts = len(e2e["configurations"][0]["modes"]["greedy"]["prompts"])
     # A run on a folder that an earlier call built recorded no window before bench/e2e_27b.py read it
     # from the folder; the identity run of the same lease built that folder and recorded it.

@@ -64,6 +64,8 @@ def test_the_side_by_side_follows_the_runs_memory_and_genai_acceptance(report, d
     e2e["genai"]["acceptance"] = "accepted / drafted"
     after = report.render(readme, changed)
     assert "MTP 24.3 GB, greedy 19.6 GB" in after
+    e2e["info"] = {"gpu": "NVIDIA H100 80GB HBM3", "onnxruntime": "1.31.1"}  # the run's own machine, not the GEMV run's
+    assert "One NVIDIA H100 80GB HBM3, ONNX Runtime 1.31.1." in report.render(readme, changed)
     assert "acceptance_rate`: accepted / drafts compared" not in after
     before = report.render(readme, data)
     assert "acceptance_rate`: accepted / drafts compared" in before and "GB, greedy" not in before
