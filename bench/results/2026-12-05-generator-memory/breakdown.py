@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from e2e_27b import ensure_folder, git_revision, memory_used  # noqa: E402
+from gpu_timing import out_dir  # noqa: E402  ($OUT, else bench/results)
 
 from driver import Generator  # noqa: E402
 
@@ -74,9 +74,7 @@ def main() -> int:
         del gen
         step(f"{label}: freed", release=True)
     report["steps"] = steps
-    out = Path(os.environ.get("OUT") or ".")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "breakdown.json").write_text(json.dumps(report, indent=1))
+    (out_dir(None) / "breakdown.json").write_text(json.dumps(report, indent=1))
     return 0
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -29,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from e2e_27b import ensure_folder, git_revision  # noqa: E402
+from gpu_timing import out_dir  # noqa: E402  ($OUT, else bench/results)
 
 from driver import Generator  # noqa: E402
 
@@ -95,9 +95,7 @@ def main() -> int:
               f"{b['acceptance_mean']:.3f}  identical {a['identical']} / {b['identical']} of {len(prompts)}",
               flush=True)
     report["modes"] = rows
-    out = Path(os.environ.get("OUT") or ".")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ab.json").write_text(json.dumps(report, indent=1))
+    (out_dir(None) / "ab.json").write_text(json.dumps(report, indent=1))
     return 0
 
 
