@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -141,8 +142,6 @@ def memory_used(provider: str, release: bool = False) -> int | None:
     an earlier configuration (never between timed passes: the next pass would allocate it again)."""
     if provider == "cpu":
         try:
-            import os
-
             with open("/proc/self/statm") as f:
                 return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         except (OSError, ValueError, IndexError):  # not Linux: not measured

@@ -224,11 +224,10 @@ class BuildOptions:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.ep not in EPS:
             raise ConfigError(f"ep must be one of {', '.join(EPS)}, got {self.ep!r}")
-        from ops.state_window import MAX_STATE_WINDOW
+        from ops.state_window import window_out_of_range
 
-        if not 0 <= self.state_window <= MAX_STATE_WINDOW:
-            raise ConfigError(f"state_window must be from 0 to {MAX_STATE_WINDOW} (the most slots ort_mtp::GatedDeltaNet "
-                              f"takes), got {self.state_window}")
+        if why := window_out_of_range(self.state_window):
+            raise ConfigError(why)
         # state_window on the CPU EP: ORT's CPU CausalConvWithState/LinearAttention reject it at load
         # time, so such a folder runs only on ort_mtp::GatedDeltaNet (the driver's default rewrite, or
         # `python -m ops rewrite` for onnxruntime-genai). It spares MTP its re-advance forwards there.

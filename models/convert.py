@@ -53,11 +53,10 @@ def _check(hf_dir: Path, out: Path, precision: str, ep: str, state_window: int) 
         raise ConvertError(f"precision must be one of {', '.join(BUILDER_PRECISIONS)}, got {precision!r}")
     if ep not in BUILDER_EPS:
         raise ConvertError(f"ep must be one of {', '.join(BUILDER_EPS)}, got {ep!r}")
-    from ops.state_window import MAX_STATE_WINDOW
+    from ops.state_window import window_out_of_range
 
-    if not 0 <= state_window <= MAX_STATE_WINDOW:
-        raise ConvertError(f"state_window must be from 0 to {MAX_STATE_WINDOW} (the most slots ort_mtp::GatedDeltaNet "
-                           f"takes), got {state_window}")
+    if why := window_out_of_range(state_window):
+        raise ConvertError(why)
     if state_window and ep != "cuda":
         raise ConvertError("state_window > 0 needs --ep cuda (ONNX Runtime implements it only in CUDA kernels)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

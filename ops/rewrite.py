@@ -751,7 +751,8 @@ def rewrite_folder(source, output, include=None, exclude=None, library: str | No
 
     lib_src = Path(library) if library else Path(library_path())
     if rewritten:
-        _check_library(lib_src)
+        if library is None:  # an explicit one was checked before any work
+            _check_library(lib_src)
         report.library = lib_src.name
         for section_path, section in sections:
             if section["filename"] not in rewritten:

@@ -30,6 +30,14 @@ STATE_OUTPUTS = (1, 2)
 # The most slots ort_mtp::GatedDeltaNet takes (csrc/gated_delta_net/gated_delta_net.cc, kMaxStateWindow):
 # an MTP round needs k+1 <= 9, so this bounds a mistake, not a use.
 MAX_STATE_WINDOW = 64
+
+
+def window_out_of_range(window: int) -> str | None:
+    """Why a folder's state window W (0: none) cannot be built or converted, or None."""
+    if not 0 <= window <= MAX_STATE_WINDOW:
+        return (f"state_window must be from 0 to {MAX_STATE_WINDOW} (the most slots ort_mtp::GatedDeltaNet takes), "
+                f"got {window}")
+    return None
 # The com.microsoft ops of a linear-attention block that ops.linear_attention did not move: their CPU
 # kernels take no window (a block left on them keeps the graph unwindowed).
 ORT_BLOCK_OPS = ("LinearAttention", "CausalConvWithState")
