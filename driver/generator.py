@@ -41,6 +41,7 @@ from .folder import ModelFolder, read_folder, with_state_window
 from .runner import GraphRunner
 from .sampling import Sampler, accept_or_resample, check_sampling
 from .sessions import create_session, packed_nodes, rewrites
+from .shared_weights import SharedWeights, shareable_names
 from .stats import Profiler, Stats, profiling_requested
 from .text import Text, TokenizerUnavailable
 
@@ -102,8 +103,14 @@ class Generator:
         max_width = max(self.prefill_chunk, MAX_DRAFT_TOKENS + 1)
         widths = range(1, MAX_DRAFT_TOKENS + 2)
         capture = self.device.graph_capture
+        head_spec = folder.require_mtp() if mode == "mtp" else None
+        # The head's graph holds its own copy of the main model's embedding and lm_head: one copy on
+        # the device serves both sessions (driver.shared_weights).
+        self.shared_weights = (SharedWeights(self.device, shareable_names(folder.main.proto, head_spec.proto))
+                               if head_spec is not None else None)
         session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture, pack,
-                                                 state_window=self._state_window_wanted(mode, rewrite))
+                                                 state_window=self._state_window_wanted(mode, rewrite),
+                                                 shared=self.shared_weights)
         self.packed = packed_nodes(session)
         main_spec = with_state_window(folder.main, session.state_window) if session.state_window else folder.main
         self.main = GraphRunner(main_spec, session, self.device, self.max_length, max_width,
@@ -120,12 +127,12 @@ class Generator:
         # where runs are asynchronous (CUDA) the GPU runs it while the host decides the accept. On the
         # CPU it would only run a wider forward than needed.
         self.head_ahead = self.device.asynchronous
-        if mode == "mtp":
-            spec = folder.require_mtp()
-            session, swapped = create_session(spec, self.device, self.max_length, rewrite, capture, pack)
+        if head_spec is not None:
+            session, swapped = create_session(head_spec, self.device, self.max_length, rewrite, capture, pack,
+                                              shared=self.shared_weights)
             self.rewritten += swapped
             self.packed += packed_nodes(session)
-            self.head = GraphRunner(spec, session, self.device, self.max_length, max_width,
+            self.head = GraphRunner(head_spec, session, self.device, self.max_length, max_width,
                                     folder.vocab_size, folder.hidden_size, capture_widths=widths)
             if self.main.spec.state_window:
                 self.promoter = SlotPromoter(self.main)

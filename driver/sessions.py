@@ -159,13 +159,15 @@ def rewrite_graph(spec: GraphSpec, rewrite=True, device=None) -> tuple[onnx.Mode
 
 def create_session(spec: GraphSpec, device, max_len: int, rewrite=True,
                    graph_capture: bool = False, pack: bool | None = None,
-                   state_window: int = 0) -> tuple[ort.InferenceSession, int]:
+                   state_window: int = 0, shared=None) -> tuple[ort.InferenceSession, int]:
     """A session for one graph on `device`, every symbolic dimension but the width fixed (batch 1,
     buffers max_len long). Returns the session and the number of MatMulNBits nodes on our op;
     packed_nodes(session) says how many of them run the tiles layout (see the module docstring).
     state_window W > 0: give the rewritten graph W state slots (ops.state_window) where every
     linear-attention block is on ort_mtp::GatedDeltaNet; session.state_window says whether it did (W)
-    or not (0), and the session's states are then those of folder.with_state_window(spec, W)."""
+    or not (0), and the session's states are then those of folder.with_state_window(spec, W).
+    shared: a driver.shared_weights.SharedWeights; the session reads its copies of the initializers it
+    shares with another graph (the MTP head's embedding and lm_head) instead of loading its own."""
     tiles, want_tiles = None, packing_wanted(pack, device)
     window = 0
     if rewrite:
@@ -189,8 +191,11 @@ def create_session(spec: GraphSpec, device, max_len: int, rewrite=True,
     register_library(options)
     if want_tiles and rewrite and "matmul" in rewrites(rewrite):
         tiles = ops.tiles_cache.prepare(proto, spec.path)
-        if tiles is not None:
-            tiles.add_to(options)
+    given = set()
+    if shared is not None:
+        given = shared.add_to(options, proto, spec.path.parent, tiles.arrays() if tiles is not None else None)
+    if tiles is not None:
+        tiles.add_to(options, skip=given)
     options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(spec.path.parent.resolve()))
     for symbol, value in spec.dim_overrides(max_len).items():
         options.add_free_dimension_override_by_name(symbol, value)

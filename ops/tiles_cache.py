@@ -105,10 +105,16 @@ class TilesWeights:
     _arrays: list  # what the OrtValues point into
     _map: np.memmap
 
-    def add_to(self, options) -> None:
+    def add_to(self, options, skip=frozenset()) -> None:
         """Makes a session built with `options` take these values for the initializers of those names
-        instead of reading the model folder's bytes."""
-        options.add_external_initializers(self.names, self.values)
+        (but those in `skip`, which it is given another way) instead of reading the model folder's bytes."""
+        kept = [(n, v) for n, v in zip(self.names, self.values) if n not in skip]
+        if kept:
+            options.add_external_initializers([n for n, _ in kept], [v for _, v in kept])
+
+    def arrays(self) -> dict:
+        """name -> the packed bytes (read-only, typed and shaped as the initializer)."""
+        return dict(zip(self.names, self._arrays))
 
 
 def prepare(model: onnx.ModelProto, model_path: Path) -> TilesWeights | None:

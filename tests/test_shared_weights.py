@@ -1,0 +1,139 @@
+"""driver.shared_weights: the MTP head's session reads the main session's copy of the initializers both
+graphs hold the same (the embedding and lm_head), checked byte for byte, and ONNX Runtime really reads
+that one copy in place (a change to it shows in both sessions' outputs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from driver import Generator
+from driver.device import make_device
+from driver.shared_weights import MIN_SHARED_BYTES, SharedWeights, initializer_bytes, shareable_names
+
+ROWS, COLS = 1024, 512  # float32: 2 MiB, above MIN_SHARED_BYTES
+
+
+def _embedding(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((ROWS, COLS)).astype(np.float32)
+
+
+def _point(t: TensorProto, location: str, offset: int, length: int) -> None:
+    """Records t's bytes as `length` bytes at `offset` of the external data file `location`."""
+    del t.external_data[:]
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        t.external_data.add(key=key, value=value)
+    t.data_location = TensorProto.EXTERNAL
+
+
+def _gather_graph(folder: Path, data_file: str, table: np.ndarray, name: str = "E") -> onnx.ModelProto:
+    """ids -> table[ids], the table stored as external data in folder/data_file (as a model folder's)."""
+    (folder / data_file).write_bytes(b"\0" * 64 + table.tobytes())  # at an offset, as real data files do
+    t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(table.dtype), dims=table.shape)
+    _point(t, data_file, 64, table.nbytes)
+    graph = helper.make_graph(
+        [helper.make_node("Gather", [name, "ids"], ["y"])], "g",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+        [helper.make_tensor_value_info("y", t.data_type, [None, table.shape[1]])], [t])
+    return helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _session(proto: onnx.ModelProto, folder: Path, shared: SharedWeights) -> tuple[ort.InferenceSession, set]:
+    options = ort.SessionOptions()
+    given = shared.add_to(options, proto, folder)
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"]), given
+
+
+IDS = np.array([3, 1000, 7], np.int64)
+
+
+def test_one_copy_serves_both_sessions(tmp_path):
+    table = _embedding(0)
+    main, head = _gather_graph(tmp_path, "model.onnx.data", table), _gather_graph(tmp_path, "mtp.onnx.data", table)
+    shared = SharedWeights(make_device("cpu"), shareable_names(main, head))
+    first, given_first = _session(main, tmp_path, shared)
+    second, given_second = _session(head, tmp_path, shared)
+    assert given_first == given_second == {"E"} and shared.reused == {"E": table.nbytes}
+    for s in (first, second):
+        np.testing.assert_array_equal(s.run(None, {"ids": IDS})[0], table[IDS])
+    # ORT reads the copy in place: a change to it is what both sessions return (no private copies).
+    copy = shared._copies["E"][1]
+    copy[IDS] = -1.0
+    for s in (first, second):
+        assert (s.run(None, {"ids": IDS})[0] == -1.0).all()
+
+
+def test_different_bytes_are_not_shared(tmp_path):
+    table, other = _embedding(0), _embedding(0)
+    other[ROWS - 1, COLS - 1] += 1.0  # one element, at the very end
+    main, head = _gather_graph(tmp_path, "model.onnx.data", table), _gather_graph(tmp_path, "mtp.onnx.data", other)
+    shared = SharedWeights(make_device("cpu"), shareable_names(main, head))
+    _session(main, tmp_path, shared)
+    second, given = _session(head, tmp_path, shared)
+    assert given == set() and shared.reused == {}
+    last = np.array([ROWS - 1], np.int64)
+    np.testing.assert_array_equal(second.run(None, {"ids": last})[0], other[last])
+
+
+def test_candidates_need_the_same_type_and_shape_and_size(tmp_path):
+    table = _embedding(0)
+    main = _gather_graph(tmp_path, "a.data", table)
+    assert shareable_names(main, _gather_graph(tmp_path, "b.data", table.astype(np.float16))) == set()
+    assert shareable_names(main, _gather_graph(tmp_path, "c.data", table[: ROWS // 2])) == set()
+    assert shareable_names(main, _gather_graph(tmp_path, "d.data", table, name="F")) == set()
+    small = np.zeros((MIN_SHARED_BYTES // 8, 1), np.float32)
+    assert shareable_names(_gather_graph(tmp_path, "e.data", small), _gather_graph(tmp_path, "f.data", small)) == set()
+
+
+def test_unreadable_external_data_is_left_to_onnx_runtime(tmp_path):
+    table = _embedding(0)
+    proto = _gather_graph(tmp_path, "model.onnx.data", table)
+    t = proto.graph.initializer[0]
+    assert initializer_bytes(t, tmp_path) is not None
+    for location in ("../model.onnx.data", str(tmp_path / "model.onnx.data"), "missing.data"):
+        _point(t, location, 64, table.nbytes)
+        assert initializer_bytes(t, tmp_path) is None, location
+    _point(t, "model.onnx.data", 128, table.nbytes)  # runs past the end of the file
+    assert initializer_bytes(t, tmp_path) is None
+    shared = SharedWeights(make_device("cpu"), {"E"})
+    assert shared.add_to(ort.SessionOptions(), proto, tmp_path) == set()
+
+
+def test_packed_bytes_are_what_is_compared_and_shared(tmp_path):
+    """A tensor the tiles layout replaced is shared in its packed form, and only with a session whose
+    bytes are the same packed ones."""
+    table = _embedding(0)
+    main, head = _gather_graph(tmp_path, "model.onnx.data", table), _gather_graph(tmp_path, "mtp.onnx.data", table)
+    packed = {"E": _embedding(1)}
+    shared = SharedWeights(make_device("cpu"), shareable_names(main, head))
+    assert shared.add_to(ort.SessionOptions(), main, tmp_path, packed) == {"E"}
+    np.testing.assert_array_equal(shared._copies["E"][1], packed["E"])
+    assert shared.add_to(ort.SessionOptions(), head, tmp_path) == set()  # the folder's bytes: not the packed ones
+    assert shared.add_to(ort.SessionOptions(), head, tmp_path, packed) == {"E"}
+
+
+def test_mtp_generator_loads_embedding_and_lm_head_once(tiny_folder):
+    """The tiny folder's head holds the main graph's embedding and lm_head: the head's session takes the
+    main session's copies of every one of them large enough to share, and MTP still prints greedy's tokens."""
+    gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=2, max_length=96, threads=1)
+    head = onnx.load(tiny_folder / "mtp.onnx", load_external_data=False)
+    main = onnx.load(tiny_folder / "model.onnx", load_external_data=False)
+    main_bytes = {t.name: t for t in main.graph.initializer}
+    expected = {}
+    for t in head.graph.initializer:
+        mine, theirs = initializer_bytes(t, tiny_folder), None
+        if t.name in main_bytes and mine is not None:
+            theirs = initializer_bytes(main_bytes[t.name], tiny_folder)
+        if theirs is not None and theirs.shape == mine.shape and np.array_equal(theirs, mine):
+            expected[t.name] = mine.nbytes
+    assert "model.embed_tokens.weight" in expected
+    assert gen.shared_weights.reused == expected
+    greedy = Generator(tiny_folder, provider="cpu", mode="greedy", max_length=96, threads=1)
+    prompt = [5, 17, 300, 42, 7, 99]
+    assert (gen.generate(prompt, 24, stop_at_eos=False).tokens
+            == greedy.generate(prompt, 24, stop_at_eos=False).tokens)
