@@ -1,9 +1,10 @@
 """One copy, on the session's device, of the weights the MTP head's graph holds the same as the main graph.
 
-A Qwen3.5 MTP folder's head (mtp.onnx) stores its own copy of the main model's token embedding and
-lm_head (onnxruntime-genai's builder, like `python -m models build`, writes them into mtp.onnx.data
-too), and a session loads every initializer of its graph: an MTP Generator held them twice. On the
-27B-class folder that is 2.5 GB of fp16 embedding and 0.7 GB of int4 lm_head and scales.
+A Qwen3.5 MTP folder's head (mtp.onnx) reads the main model's token embedding and lm_head (onnxruntime-
+genai's builder, like `python -m models build`, points mtp.onnx at those tensors in model.onnx.data:
+genai_config's shared_initializers), but an ONNX Runtime session loads every initializer of its graph
+into memory of its own: an MTP Generator held them twice. On the 27B-class folder that was 2.5 GB of
+fp16 embedding and 0.7 GB of int4 lm_head and scales (bench/results/2026-12-05-shared-weights).
 
 ONNX Runtime takes an initializer from SessionOptions.add_initializer instead of the graph's bytes and
 uses it in place when it already lives where the session plans it (session_state_utils.cc
@@ -13,14 +14,16 @@ share and both sessions are given that one copy.
 
 "The same" is checked, not assumed from the name: a tensor is shared only where both graphs have an
 initializer of that name, element type and shape whose bytes, as the session would load them (the
-tiles layout's packed bytes where ops.tiles_cache packed it, the folder's otherwise), are equal.
-Anything unexpected about a tensor (external data outside the folder, a length that does not match
-its shape, an element type with no array type here) leaves it to ORT, which loads it as before.
+tiles layout's packed bytes where ops.tiles_cache packed it, the folder's otherwise), are equal (the
+same bytes of the same file need no reading). Anything unexpected about a tensor (external data
+outside the folder, a length that does not match its shape, an element type with no array type here)
+leaves it to ORT, which loads it as before.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -85,8 +88,17 @@ def initializer_bytes(t: onnx.TensorProto, folder: Path) -> np.ndarray | None:
 def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
+    if _where(a) is not None and _where(a) == _where(b):  # one file's bytes at one offset
+        return True
     x, y = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
     return all(np.array_equal(x[i:i + COMPARE_CHUNK], y[i:i + COMPARE_CHUNK]) for i in range(0, x.size, COMPARE_CHUNK))
+
+
+def _where(a: np.ndarray) -> tuple | None:
+    """(file, offset) of a map of a data file, else None."""
+    if not isinstance(a, np.memmap) or a.filename is None:
+        return None
+    return os.path.realpath(a.filename), a.offset
 
 
 class SharedWeights:

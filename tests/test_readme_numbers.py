@@ -68,7 +68,8 @@ def test_the_side_by_side_follows_the_runs_memory_and_genai_acceptance(report, d
     assert "One NVIDIA H100 80GB HBM3, ONNX Runtime 1.31.1." in report.render(readme, changed)
     assert "acceptance_rate`: accepted / drafts compared" not in after
     before = report.render(readme, data)
-    assert "acceptance_rate`: accepted / drafts compared" in before and "GB, greedy" not in before
+    assert "acceptance_rate`: accepted / drafts compared" in before
+    assert after.count("GB, greedy") == before.count("GB, greedy") + 1  # the trained-like run's table has its own
 
 
 def greedy_cell(data) -> tuple[str, str]:
@@ -140,3 +141,19 @@ def test_the_results_index_lists_every_run_folder():
     folders = {p.name for p in results.iterdir() if p.is_dir()}
     assert listed == folders, {"not in the table": sorted(folders - listed), "no such folder": sorted(listed - folders)}
     assert all((results / name / "README.md").is_file() for name in folders)
+
+
+def test_the_trained_like_table_follows_its_run(report, data):
+    """The side by side at a trained-like acceptance states the knobs it was built with, its machine and
+    the targets scored on it, all from its JSON."""
+    readme = (REPO / "README.md").read_text()
+    changed = copy.deepcopy(data)
+    e2e = changed["trained"]["json"]
+    e2e["build"]["out_scale"] = 0.005
+    e2e["info"]["gpu"] = "NVIDIA H100 80GB HBM3"
+    ours = next(c for c in e2e["configurations"] if c["label"] == "ours")
+    ours["modes"]["mtp_k4"]["tok_s_median"] = 299.0  # below 300: k=3's 408.0 is then the best
+    after = report.render(readme, changed)
+    assert "--out-scale 0.005" in after and "--out-scale 0.01`" not in after
+    assert "at a trained head's acceptance, one NVIDIA H100 80GB HBM3" in after
+    assert "our best MTP (k=3)" in after

@@ -5,7 +5,7 @@
 # the head's 0.3 GB, activations, CUDA graphs), the two together near the old peak.
 # On the device, after the setup chunks:
 #   bash bench/results/2026-12-05-generator-memory/run.sh memory
-#   bash bench/results/2026-12-05-generator-memory/run.sh breakdown   # prepared, not yet run: breakdown.py
+#   bash bench/results/2026-12-05-generator-memory/run.sh breakdown   # run the same day (README.md): breakdown.py
 #       (the growth after each step of loading and warming up: greedy, MTP k = 1..4 with graphs, MTP without
 #       graphs; ~3 min with the folder built)
 set -u
