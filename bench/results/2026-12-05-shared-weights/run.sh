@@ -11,6 +11,8 @@
 #   bash bench/results/2026-12-05-shared-weights/run.sh all   # check (driver_cuda_check tiny, small: MTP ==
 #       greedy with graphs and eager), then breakdown.py with ORT's default arena and with kSameAsRequested
 #       (~5 min)
+#   bash bench/results/2026-12-05-shared-weights/run.sh arena  # arena_ab.py: kSameAsRequested against ORT's
+#       default arena, two MTP Generators interleaved in one process (decode tok/s, prefill, tokens, memory)
 set -u
 export PYTHONUNBUFFERED=1
 source bench/device_library.sh
@@ -27,7 +29,12 @@ case $1 in
       grep -v "W:onnxruntime" $R/breakdown_$arena.log | tail -14 | cut -c1-200
       pack
     done ;;
-  *) echo "stage must be all"; exit 2 ;;
+  arena)
+    st arena a/b
+    OUT=$R timeout ${ARENA_TIMEOUT:-400} python3 bench/results/2026-12-05-shared-weights/arena_ab.py ${ARENA_ARGS:-} \
+      > $R/arena_ab.log 2>&1; echo "arena a/b rc $?" | tee -a $R/steps.log
+    grep -v "W:onnxruntime" $R/arena_ab.log | tail -6 | cut -c1-200 ;;
+  *) echo "stage must be all or arena"; exit 2 ;;
 esac
 st done
 pack
