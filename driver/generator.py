@@ -104,10 +104,10 @@ class Generator:
         widths = range(1, MAX_DRAFT_TOKENS + 2)
         capture = self.device.graph_capture
         head_spec = folder.require_mtp() if mode == "mtp" else None
-        # The head's graph holds its own copy of the main model's embedding and lm_head: one copy on
-        # the device serves both sessions (driver.shared_weights).
+        # Each session would load its own copy of the embedding and lm_head the head's graph reads from
+        # the main model's: on CUDA one copy on the device serves both (driver.shared_weights).
         self.shared_weights = (SharedWeights(self.device, shareable_names(folder.main.proto, head_spec.proto))
-                               if head_spec is not None else None)
+                               if head_spec is not None and self.device.shares_weights else None)
         session, self.rewritten = create_session(folder.main, self.device, self.max_length, rewrite, capture, pack,
                                                  state_window=self._state_window_wanted(mode, rewrite),
                                                  shared=self.shared_weights)

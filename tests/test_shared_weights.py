@@ -12,7 +12,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from driver import Generator
-from driver.device import make_device
+from driver.device import CpuDevice, make_device
 from driver.shared_weights import MIN_SHARED_BYTES, SharedWeights, initializer_bytes, shareable_names
 
 ROWS, COLS = 1024, 512  # float32: 2 MiB, above MIN_SHARED_BYTES
@@ -117,9 +117,11 @@ def test_packed_bytes_are_what_is_compared_and_shared(tmp_path):
     assert shared.add_to(ort.SessionOptions(), head, tmp_path, packed) == {"E"}
 
 
-def test_mtp_generator_loads_embedding_and_lm_head_once(tiny_folder):
-    """The tiny folder's head holds the main graph's embedding and lm_head: the head's session takes the
+def test_mtp_generator_loads_embedding_and_lm_head_once(tiny_folder, monkeypatch):
+    """The tiny folder's head reads the main graph's embedding and lm_head: where the device shares
+    weights (CUDA; forced here on the CPU, whose sessions run the same path) the head's session takes the
     main session's copies of every one of them large enough to share, and MTP still prints greedy's tokens."""
+    monkeypatch.setattr(CpuDevice, "shares_weights", True)
     gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=2, max_length=96, threads=1)
     head = onnx.load(tiny_folder / "mtp.onnx", load_external_data=False)
     main = onnx.load(tiny_folder / "model.onnx", load_external_data=False)
@@ -137,3 +139,9 @@ def test_mtp_generator_loads_embedding_and_lm_head_once(tiny_folder):
     prompt = [5, 17, 300, 42, 7, 99]
     assert (gen.generate(prompt, 24, stop_at_eos=False).tokens
             == greedy.generate(prompt, 24, stop_at_eos=False).tokens)
+
+
+def test_cpu_generators_leave_sharing_to_onnx_runtime(tiny_folder):
+    """On the CPU ORT maps the data files, so both sessions already read the same pages: no copy of ours."""
+    gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=2, max_length=96, threads=1)
+    assert gen.shared_weights is None

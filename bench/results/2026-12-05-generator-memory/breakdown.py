@@ -82,7 +82,8 @@ def main() -> int:
         label = "mtp" if graphs else "mtp, no graphs"
         gen = Generator(folder, provider=args.provider, mode="mtp", draft_tokens=4, cuda_graphs=graphs)
         step(f"{label}: load")
-        report.setdefault("reused_bytes", {})[label] = gen.shared_weights.reused_bytes  # driver.shared_weights
+        shared = gen.shared_weights  # driver.shared_weights (None where the device does not share: the CPU)
+        report.setdefault("reused_bytes", {})[label] = shared.reused_bytes if shared is not None else 0
         for k in (1, 2, 3, 4) if graphs else (4,):
             gen.generate(prompt, args.new_tokens, mode="mtp", draft_tokens=k, stop_at_eos=False)
             step(f"{label}: k={k} run")
