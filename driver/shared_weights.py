@@ -12,6 +12,11 @@ SaveInitializedTensors: same device; otherwise it logs a warning and loads the g
 mismatch costs memory, never a wrong answer). So the first session uploads each tensor the two graphs
 share and both sessions are given that one copy.
 
+Only tensors every consumer of which reads them as they are: ONNX Gather (the embedding) and our ops
+(ort_mtp::MatMulNBits for lm_head). An ORT kernel that pre-packs a constant input (ORT's own MatMul,
+and on some GPUs com.microsoft::MatMulNBits, the `--no-rewrite` path) keeps a packed copy and lets
+ORT drop its initializer; our copy would then be held on top.
+
 "The same" is checked, not assumed from the name: a tensor is shared only where both graphs have an
 initializer of that name, element type and shape whose bytes, as the session would load them (the
 tiles layout's packed bytes where ops.tiles_cache packed it, the folder's otherwise), are equal (the
@@ -29,7 +34,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
-from onnxruntime.capi import _pybind_state as _C
+from onnxruntime.capi import _pybind_state as _C  # OrtValue.from_dlpack: a value over memory it does not own
+
+import ops
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +62,19 @@ def _signature(t: onnx.TensorProto) -> tuple | None:
     return (t.data_type, shape, nbytes) if nbytes >= MIN_SHARED_BYTES else None
 
 
+def _reads_in_place(node: onnx.NodeProto) -> bool:
+    """A node whose kernel reads its constant inputs where they are (no pre-packed copy of its own)."""
+    return node.domain == ops.DOMAIN or (node.domain in ("", "ai.onnx") and node.op_type == "Gather")
+
+
+def _read_in_place(proto: onnx.ModelProto, name: str) -> bool:
+    users = [n for n in proto.graph.node if name in n.input]
+    return bool(users) and all(_reads_in_place(n) for n in users)
+
+
 def shareable_names(first: onnx.ModelProto, second: onnx.ModelProto) -> set[str]:
     """Initializer names both graphs have with the same element type and shape, large enough to be
-    worth sharing (their bytes are compared when the sessions are made)."""
+    worth sharing (their bytes, and who reads them, are checked when the sessions are made)."""
     ours = {t.name: _signature(t) for t in first.graph.initializer}
     return {t.name for t in second.graph.initializer
             if ours.get(t.name) is not None and ours[t.name] == _signature(t)}
@@ -119,7 +136,7 @@ class SharedWeights:
         given = set()
         packed = packed or {}
         for t in proto.graph.initializer:
-            if t.name not in self.names:
+            if t.name not in self.names or not _read_in_place(proto, t.name):
                 continue
             host = packed.get(t.name)
             if host is None:

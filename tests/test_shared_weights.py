@@ -145,3 +145,17 @@ def test_cpu_generators_leave_sharing_to_onnx_runtime(tiny_folder):
     """On the CPU ORT maps the data files, so both sessions already read the same pages: no copy of ours."""
     gen = Generator(tiny_folder, provider="cpu", mode="mtp", draft_tokens=2, max_length=96, threads=1)
     assert gen.shared_weights is None
+
+
+def test_a_tensor_a_kernel_may_pre_pack_is_left_to_onnx_runtime(tmp_path):
+    """ORT's MatMul pre-packs its constant B and lets ORT drop the initializer: a copy of ours would be
+    held on top of its packed one, so a tensor with such a consumer (here beside a Gather) is not shared."""
+    table = _embedding(0)
+    proto = _gather_graph(tmp_path, "model.onnx.data", table)
+    proto.graph.node.append(helper.make_node("MatMul", ["x", "E"], ["z"]))
+    proto.graph.input.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, ROWS]))
+    proto.graph.output.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, COLS]))
+    shared = SharedWeights(make_device("cpu"), {"E"})
+    assert shared.add_to(ort.SessionOptions(), proto, tmp_path) == set()
+    del proto.graph.node[-1]
+    assert shared.add_to(ort.SessionOptions(), proto, tmp_path) == {"E"}
