@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -105,17 +106,25 @@ def initializer_bytes(t: onnx.TensorProto, folder: Path) -> np.ndarray | None:
 def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     if a.dtype != b.dtype or a.shape != b.shape:
         return False
-    if _where(a) is not None and _where(a) == _where(b):  # one file's bytes at one offset
-        return True
     x, y = a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8)
     return all(np.array_equal(x[i:i + COMPARE_CHUNK], y[i:i + COMPARE_CHUNK]) for i in range(0, x.size, COMPARE_CHUNK))
 
 
-def _where(a: np.ndarray) -> tuple | None:
-    """(file, offset) of a map of a data file, else None."""
-    if not isinstance(a, np.memmap) or a.filename is None:
+def _file_place(t: onnx.TensorProto, folder: Path) -> tuple | None:
+    """(data file, offset, length) of an external tensor, the file by its real path: two graphs that
+    name the same place hold the same bytes without reading them."""
+    if t.data_location != onnx.TensorProto.EXTERNAL:
         return None
-    return os.path.realpath(a.filename), a.offset
+    info = onnx.external_data_helper.ExternalDataInfo(t)
+    return os.path.realpath(folder / info.location), int(info.offset or 0), int(info.length or 0)
+
+
+@dataclass
+class _Copy:
+    host: np.ndarray  # the bytes the first session would have loaded
+    place: tuple | None  # where in the folder they are (None: packed or in the graph)
+    array: object  # the device copy
+    value: ort.OrtValue  # over `array`, not owning it
 
 
 class SharedWeights:
@@ -125,7 +134,7 @@ class SharedWeights:
     def __init__(self, device, names: set[str]):
         self.device = device
         self.names = set(names)
-        self._copies: dict[str, tuple[np.ndarray, object, ort.OrtValue]] = {}  # name -> (host bytes, device array, value)
+        self._copies: dict[str, _Copy] = {}
         self.reused: dict[str, int] = {}  # name -> bytes a later session took from the copy instead of loading its own
 
     def add_to(self, options: ort.SessionOptions, proto: onnx.ModelProto, folder: Path,
@@ -138,20 +147,22 @@ class SharedWeights:
         for t in proto.graph.initializer:
             if t.name not in self.names or not _read_in_place(proto, t.name):
                 continue
-            host = packed.get(t.name)
+            host, place = packed.get(t.name), None
             if host is None:
-                host = initializer_bytes(t, folder)
-            if host is None or _signature(t) is None or host.shape != tuple(int(d) for d in t.dims):
+                host, place = initializer_bytes(t, folder), _file_place(t, folder)
+            signature = _signature(t)
+            if (host is None or signature is None or host.shape != signature[1]
+                    or host.dtype != _ARRAY_TYPES[t.data_type]):
                 continue
             copy = self._copies.get(t.name)
             if copy is None:
-                copy = self._copies[t.name] = (host, *self._upload(host))
-            elif same_bytes(copy[0], host):
+                copy = self._copies[t.name] = _Copy(host, place, *self._upload(host))
+            elif (place is not None and place == copy.place) or same_bytes(copy.host, host):
                 self.reused[t.name] = host.nbytes
             else:
                 log.info("%s: %s differs from the earlier graph's; this session loads its own", folder, t.name)
                 continue
-            options.add_initializer(t.name, copy[2])
+            options.add_initializer(t.name, copy.value)
             given.add(t.name)
         return given
 

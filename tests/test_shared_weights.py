@@ -62,7 +62,7 @@ def test_one_copy_serves_both_sessions(tmp_path):
     for s in (first, second):
         np.testing.assert_array_equal(s.run(None, {"ids": IDS})[0], table[IDS])
     # ORT reads the copy in place: a change to it is what both sessions return (no private copies).
-    copy = shared._copies["E"][1]
+    copy = shared._copies["E"].array
     copy[IDS] = -1.0
     for s in (first, second):
         assert (s.run(None, {"ids": IDS})[0] == -1.0).all()
@@ -112,7 +112,7 @@ def test_packed_bytes_are_what_is_compared_and_shared(tmp_path):
     packed = {"E": _embedding(1)}
     shared = SharedWeights(make_device("cpu"), shareable_names(main, head))
     assert shared.add_to(ort.SessionOptions(), main, tmp_path, packed) == {"E"}
-    np.testing.assert_array_equal(shared._copies["E"][1], packed["E"])
+    np.testing.assert_array_equal(shared._copies["E"].array, packed["E"])
     assert shared.add_to(ort.SessionOptions(), head, tmp_path) == set()  # the folder's bytes: not the packed ones
     assert shared.add_to(ort.SessionOptions(), head, tmp_path, packed) == {"E"}
 
@@ -159,3 +159,16 @@ def test_a_tensor_a_kernel_may_pre_pack_is_left_to_onnx_runtime(tmp_path):
     assert shared.add_to(ort.SessionOptions(), proto, tmp_path) == set()
     del proto.graph.node[-1]
     assert shared.add_to(ort.SessionOptions(), proto, tmp_path) == {"E"}
+
+
+def test_two_graphs_naming_the_same_bytes_share_them(tmp_path):
+    """mtp.onnx points into model.onnx.data (shared_initializers): the same place needs no comparison,
+    and a tiles-packed copy elsewhere is still compared."""
+    table = _embedding(0)
+    main = _gather_graph(tmp_path, "model.onnx.data", table)
+    head = onnx.ModelProto()
+    head.CopyFrom(main)
+    shared = SharedWeights(make_device("cpu"), shareable_names(main, head))
+    assert shared.add_to(ort.SessionOptions(), main, tmp_path) == {"E"}
+    (tmp_path / "model.onnx.data").write_bytes(b"\0" * (64 + table.nbytes))  # not read again: the place decides
+    assert shared.add_to(ort.SessionOptions(), head, tmp_path) == {"E"} and shared.reused == {"E": table.nbytes}
