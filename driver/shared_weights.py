@@ -92,15 +92,18 @@ def initializer_bytes(t: onnx.TensorProto, folder: Path) -> np.ndarray | None:
     if t.data_location != onnx.TensorProto.EXTERNAL:
         raw = t.raw_data
         return np.frombuffer(raw, dtype).reshape(shape) if len(raw) == nbytes else None
-    info = onnx.external_data_helper.ExternalDataInfo(t)
-    location = Path(info.location or "")
-    if not info.location or location.is_absolute() or ".." in location.parts:
+    try:  # read_folder refused offsets and lengths that are not numbers; anything else odd: ORT's to report
+        info = onnx.external_data_helper.ExternalDataInfo(t)
+        location = Path(info.location or "")
+        if not info.location or location.is_absolute() or ".." in location.parts:
+            return None
+        path = folder / location
+        offset = int(info.offset or 0)
+        if (info.length and int(info.length) != nbytes) or not path.is_file() or path.stat().st_size < offset + nbytes:
+            return None
+        return np.memmap(path, dtype, mode="r", offset=offset, shape=shape)
+    except (ValueError, OSError):
         return None
-    path = folder / location
-    offset = int(info.offset or 0)
-    if (info.length and int(info.length) != nbytes) or not path.is_file() or path.stat().st_size < offset + nbytes:
-        return None
-    return np.memmap(path, dtype, mode="r", offset=offset, shape=shape)
 
 
 def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
@@ -149,7 +152,8 @@ class SharedWeights:
                 continue
             host, place = packed.get(t.name), None
             if host is None:
-                host, place = initializer_bytes(t, folder), _file_place(t, folder)
+                host = initializer_bytes(t, folder)
+                place = _file_place(t, folder) if host is not None else None
             signature = _signature(t)
             if (host is None or signature is None or host.shape != signature[1]
                     or host.dtype != _ARRAY_TYPES[t.data_type]):

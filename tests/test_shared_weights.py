@@ -95,9 +95,14 @@ def test_unreadable_external_data_is_left_to_onnx_runtime(tmp_path):
     proto = _gather_graph(tmp_path, "model.onnx.data", table)
     t = proto.graph.initializer[0]
     assert initializer_bytes(t, tmp_path) is not None
-    for location in ("../model.onnx.data", str(tmp_path / "model.onnx.data"), "missing.data"):
+    (tmp_path / "a-folder").mkdir()
+    for location in ("../model.onnx.data", str(tmp_path / "model.onnx.data"), "missing.data", "a-folder", ""):
         _point(t, location, 64, table.nbytes)
         assert initializer_bytes(t, tmp_path) is None, location
+    for offset in ("-64", "abc"):  # read_folder refuses these; nothing here fails on them either
+        _point(t, "model.onnx.data", 0, table.nbytes)
+        t.external_data[1].value = offset
+        assert initializer_bytes(t, tmp_path) is None, offset
     _point(t, "model.onnx.data", 128, table.nbytes)  # runs past the end of the file
     assert initializer_bytes(t, tmp_path) is None
     shared = SharedWeights(make_device("cpu"), {"E"})
