@@ -15,7 +15,8 @@ without a window) into a temporary folder, then for every folder:
     (the snapshot path forced), each compared token for token with greedy,
   - tok/s of greedy and MTP (second, warm pass; median over prompts),
   - CUDA graph runs per graph id, and ORT's own capture/replay log lines from a CLI run,
-  - the per-op row identity of a width-4 verify against width-1 decode steps (python -m driver identity).
+  - the per-op row identity of a width-4 verify against width-1 decode steps (python -m driver identity),
+  - and once, driver.shared_weights: two sessions given one copy of a table read it in place.
 `run --provider cpu` is a dry run of the same logic on the CPU EP (CPU folders exported without a
 window: the driver's MTP sessions add one in memory, ops.state_window, except with commit=replay).
 """
@@ -180,7 +181,9 @@ def check_variant(folder: Path, provider: str, prompts, new_tokens: int, max_len
     greedy = [r.tokens for r in greedy_warm]
     gen = Generator(folder, provider=provider, mode="mtp", draft_tokens=3, cuda_graphs=graphs,
                     max_length=max_length)
-    report = {"greedy_tokens": greedy, "mtp_session_state_window": gen.main.spec.state_window, "greedy": {
+    shared = gen.shared_weights  # driver.shared_weights: None where the device does not share (the CPU)
+    report = {"greedy_tokens": greedy, "mtp_session_state_window": gen.main.spec.state_window,
+              "shared_bytes": shared.reused_bytes if shared is not None else 0, "greedy": {
         "cold_equal_warm": [a.tokens == b for a, b in zip(greedy_cold, greedy)],
         "tok_s_median": statistics.median(r.stats.tokens_per_second for r in greedy_warm),
     }}
@@ -255,6 +258,49 @@ def identity_report(folder: Path, provider: str) -> dict:
     return report
 
 
+def shared_weights_check(provider: str) -> dict:
+    """driver.shared_weights on the device: two sessions given one copy of a Gather table read it in place
+    (a change to the copy shows in both outputs), i.e. ORT took the copy on its device rather than
+    falling back (with a logged warning) to loading the table again for each session."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from driver.device import make_device
+    from driver.sessions import EXTERNAL_DATA_FOLDER
+    from driver.shared_weights import SharedWeights
+
+    device = make_device(provider, graph_capture=False)
+    table = np.random.default_rng(0).standard_normal((1024, 512)).astype(np.float16)  # 1 MiB: shared
+    ids = np.array([3, 700], np.int64)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "w.data").write_bytes(table.tobytes())
+        t = TensorProto(name="E", data_type=TensorProto.FLOAT16, dims=table.shape, data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", "w.data"), ("offset", "0"), ("length", str(table.nbytes))):
+            t.external_data.add(key=key, value=value)
+        graph = helper.make_graph([helper.make_node("Gather", ["E", "ids"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("ids", TensorProto.INT64, [None])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [None, 512])], [t])
+        proto = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 21)])
+        shared = SharedWeights(device, {"E"})
+        sessions, given = [], []
+        for _ in range(2):
+            options = ort.SessionOptions()
+            options.log_severity_level = 3
+            given.append(sorted(shared.add_to(options, proto, folder)))
+            options.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder))
+            device.session_options(options)
+            sessions.append(ort.InferenceSession(proto.SerializeToString(), options, providers=device.providers(False)))
+        before = [s.run(None, {"ids": ids})[0] for s in sessions]
+        with device.active():
+            shared._copies["E"].array[ids] = 0
+        device.synchronize()
+        after = [s.run(None, {"ids": ids})[0] for s in sessions]
+    return {"given": given, "reused_bytes": shared.reused_bytes,
+            "equal_before": all(np.array_equal(b, table[ids]) for b in before),
+            "in_place": all(bool((a == 0).all()) for a in after)}
+
+
 def guarded(results: dict, key: str, fn, *args):
     start = time.perf_counter()
     try:
@@ -281,8 +327,8 @@ def summary_lines(report: dict) -> list[str]:
                 continue
             g = v["greedy"]
             extra = f", ==eager {sum(g['equal_eager'])}/{len(g['equal_eager'])}" if "equal_eager" in g else ""
-            lines.append(f"{label} [{variant}] (W={r['state_window']}, MTP session W={v['mtp_session_state_window']}): "
-                         f"greedy {g['tok_s_median']:.1f} tok/s{extra}")
+            lines.append(f"{label} [{variant}] (W={r['state_window']}, MTP session W={v['mtp_session_state_window']}, "
+                         f"head shares {v.get('shared_bytes', 0) / 1e6:.1f} MB): greedy {g['tok_s_median']:.1f} tok/s{extra}")
             for name in ("mtp_k1", "mtp_k2", "mtp_k3", "mtp_k3_replay"):
                 m = v[name]
                 lines.append(f"  {name}: ==greedy {sum(m['equal_greedy'])}/{len(m['equal_greedy'])}, acceptance "
@@ -293,6 +339,11 @@ def summary_lines(report: dict) -> list[str]:
                 lines.append(f"  graph ids run past warm-up (estimate): main {len(gr['main']['captured_ids'])} ids, "
                              f"{gr['main']['replays']} replays; head {len(gr['head']['captured_ids'])} ids, "
                              f"{gr['head']['replays']} replays")
+    w = report.get("shared_weights")
+    if w is not None:
+        lines.append(f"shared weights: ERROR {w['error']}" if "error" in w else
+                     f"shared weights: given {w['given']}, first session's values {w['equal_before']}, read in place "
+                     f"by both sessions {w['in_place']}")
     for label, r in report.get("ort_log", {}).items():
         lines.append(f"{label} ORT log: rc {r.get('returncode')}, capture lines {r.get('capture_lines')}, "
                      f"replay lines {r.get('replay_lines')}" + (f" ERROR {r['error']}" if "error" in r else ""))
@@ -315,6 +366,7 @@ def run(args) -> int:
     report = {"provider": provider, "started": time.strftime("%Y-%m-%d %H:%M:%S"), "folders": {},
               "ort_log": {}, "identity": {}}
     guarded(report, "environment", environment, provider)
+    guarded(report, "shared_weights", shared_weights_check, provider)
     work = Path(tempfile.mkdtemp(prefix="driver-cuda-check-"))
     try:
         folders = build_presets(work, provider, args.presets.split(","))

@@ -234,6 +234,9 @@ def test_device_script_dry_run(tmp_path):
     assert "error" not in report["identity"]["tiny"]
     assert report["identity"]["tiny"]["ort_mtp"]["origins"] == []  # every op row-consistent on CPU
     assert "tiny [eager]" in done.stdout
+    # driver.shared_weights' check runs on the CPU EP too (its Gather reads the copy in place there as well)
+    assert report["shared_weights"]["in_place"] is True and report["shared_weights"]["equal_before"] is True
+    assert "read in place by both sessions True" in done.stdout
 
 
 def test_gpu_check_group_dry_run(tmp_path):
