@@ -4,14 +4,17 @@ that one copy in place (a change to it shows in both sessions' outputs)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import TensorProto, helper
 
 from driver import Generator
+from driver.errors import DriverError
 from driver.device import CpuDevice, make_device
 from driver.shared_weights import MIN_SHARED_BYTES, SharedWeights, initializer_bytes, shareable_names
 
@@ -177,3 +180,42 @@ def test_two_graphs_naming_the_same_bytes_share_them(tmp_path):
     assert shared.add_to(ort.SessionOptions(), main, tmp_path) == {"E"}
     (tmp_path / "model.onnx.data").write_bytes(b"\0" * (64 + table.nbytes))  # not read again: the place decides
     assert shared.add_to(ort.SessionOptions(), head, tmp_path) == {"E"} and shared.reused == {"E": table.nbytes}
+
+
+@pytest.mark.parametrize("damage", ["length", "offset past the end", "a folder", "outside", "another tensor's bytes"])
+def test_a_damaged_record_in_the_head_is_an_error_or_a_run_never_a_crash(tiny_folder, tmp_path, monkeypatch, damage):
+    """The head's embedding record pointing somewhere odd: the sharing code leaves what it cannot read to
+    ORT, which either refuses the folder (a DriverError naming it) or loads it; nothing escapes as another
+    exception, and where it runs MTP still prints greedy's tokens."""
+    monkeypatch.setattr(CpuDevice, "shares_weights", True)
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_folder, folder)
+    head = onnx.load(folder / "mtp.onnx", load_external_data=False)
+    table = next(t for t in head.graph.initializer if t.name == "model.embed_tokens.weight")
+    entries = {e.key: e.value for e in table.external_data}
+    size, offset = int(entries["length"]), int(entries.get("offset", 0))
+    if damage == "length":
+        _point(table, entries["location"], offset, size - 4)
+    elif damage == "offset past the end":
+        _point(table, entries["location"], (folder / entries["location"]).stat().st_size, size)
+    elif damage == "a folder":
+        (folder / "sub").mkdir()
+        _point(table, "sub", 0, size)
+    elif damage == "outside":  # the same bytes, in a file beside the folder
+        shutil.copy(folder / entries["location"], tmp_path / "beside.data")
+        _point(table, "../beside.data", offset, size)
+    else:  # valid bytes of the right size, but not the main graph's embedding
+        (folder / "other.data").write_bytes(np.random.default_rng(3).integers(0, 255, size, dtype=np.uint8).tobytes())
+        _point(table, "other.data", 0, size)
+    onnx.save(head, folder / "mtp.onnx")
+    try:
+        gen = Generator(folder, provider="cpu", mode="mtp", draft_tokens=2, max_length=64, threads=1)
+    except DriverError as e:
+        assert "mtp.onnx" in str(e) or str(folder) in str(e)
+        return
+    assert damage in ("outside", "another tensor's bytes"), "ORT loaded a record it should refuse"
+    assert "model.embed_tokens.weight" not in gen.shared_weights.reused  # not read by us: ORT's own copy
+    greedy = Generator(folder, provider="cpu", mode="greedy", max_length=64, threads=1)
+    prompt = [5, 17, 300, 42]
+    assert (gen.generate(prompt, 12, stop_at_eos=False).tokens
+            == greedy.generate(prompt, 12, stop_at_eos=False).tokens)
