@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 
+from ops.paths import inside_folder
 from ops.rewrite import damaged_text
 
 from .errors import DriverError
@@ -218,7 +219,7 @@ class _Section:
 
     def onnx_filename(self) -> str:
         name = self.string("filename")
-        if not name.endswith(".onnx") or Path(name).is_absolute() or ".." in Path(name).parts:
+        if not name.endswith(".onnx") or not inside_folder(name):
             raise DriverError(f"{self.path}: '{self.where}filename' must name an .onnx file inside the folder, "
                               f"got {name!r}")
         return name

@@ -38,6 +38,7 @@ import onnxruntime as ort
 from onnxruntime.capi import _pybind_state as _C  # OrtValue.from_dlpack: a value over memory it does not own
 
 import ops
+from ops.paths import inside_folder
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +95,9 @@ def initializer_bytes(t: onnx.TensorProto, folder: Path) -> np.ndarray | None:
         return np.frombuffer(raw, dtype).reshape(shape) if len(raw) == nbytes else None
     try:  # read_folder refused offsets and lengths that are not numbers; anything else odd: ORT's to report
         info = onnx.external_data_helper.ExternalDataInfo(t)
-        location = Path(info.location or "")
-        if not info.location or location.is_absolute() or ".." in location.parts:
+        if not inside_folder(info.location):
             return None
-        path = folder / location
+        path = folder / info.location
         offset = int(info.offset or 0)
         if (info.length and int(info.length) != nbytes) or not path.is_file() or path.stat().st_size < offset + nbytes:
             return None

@@ -24,6 +24,7 @@ import onnx
 from onnx import external_data_helper, helper
 
 from . import DOMAIN, MATMUL_NBITS
+from .paths import inside_folder
 
 TILE_ROWS = 16
 TILE_K = 256
@@ -170,8 +171,8 @@ class ExternalWeights:
         onnx.external_data_helper.load_external_data_for_tensor, which refuses data files with
         several hard links: `python -m ops rewrite` hard-links them by design."""
         info = {e.key: e.value for e in t.external_data}
-        location = Path(info.get("location", ""))
-        if not info.get("location") or location.is_absolute() or ".." in location.parts:
+        location = info.get("location", "")
+        if not inside_folder(location):
             raise ValueError(f"external data location {info.get('location')!r} is not a relative path inside "
                              "the model's folder")
         with open(self.source_folder / location, "rb") as f:

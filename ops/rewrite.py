@@ -63,6 +63,7 @@ from .kinds import (  # noqa: F401 (the kinds are also ops.rewrite's public name
     REWRITES,
     SOURCE_DOMAIN,
 )
+from .paths import inside_folder
 from .progress import progress_bar
 from .staging import check_output, staged_files, staged_folder
 
@@ -366,10 +367,9 @@ def _tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
 
 
 def _safe_relative(location: str, owner: Path, what: str = "external data location") -> Path:
-    rel = Path(location)
-    if not location or rel.is_absolute() or ".." in rel.parts:
+    if not inside_folder(location):
         raise RewriteError(f"{owner}: {what} {location!r} is not a path inside its folder")
-    return rel
+    return Path(location)
 
 
 def link_or_copy(src: Path, dst: Path) -> str:

@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from . import library_path, packing
+from .paths import inside_folder
 from .progress import progress_bar
 
 FORMAT_VERSION = 1
@@ -185,13 +186,12 @@ def _tensor(t: onnx.TensorProto, folder: Path, nbytes: int) -> tuple[_Tensor | N
             return None, f"{t.name!r} holds {len(t.raw_data)} raw bytes, the node's K and N need {nbytes}"
         return _Tensor(t.name, dims, t.data_type, nbytes, None, 0, t), None
     info = onnx.external_data_helper.ExternalDataInfo(t)
-    location = Path(info.location or "")
-    if not info.location or location.is_absolute() or ".." in location.parts:
+    if not inside_folder(info.location):
         return None, f"{t.name!r}: external data location {info.location!r} is not inside the model's folder"
     length = info.length if info.length else None
     if length != nbytes:
         return None, f"{t.name!r} stores {length} bytes, the node's K and N need {nbytes}"
-    return _Tensor(t.name, dims, t.data_type, nbytes, folder / location, int(info.offset or 0), t), None
+    return _Tensor(t.name, dims, t.data_type, nbytes, folder / info.location, int(info.offset or 0), t), None
 
 
 def _stat(path: Path) -> dict:

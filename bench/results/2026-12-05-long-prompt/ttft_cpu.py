@@ -9,14 +9,16 @@ then the fastest of two prefills (Stats.prefill_seconds).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cpu import run_record, write_result  # noqa: E402  (bench/cpu.py: a result's opening, its file)
 
 from driver import Generator  # noqa: E402
 
@@ -38,9 +40,9 @@ def main() -> int:
             seconds = min(gen.generate(prompts[n], 2, stop_at_eos=False).stats.prefill_seconds for _ in range(2))
             rows.append({"ours": rewrite, "prompt_tokens": n, "prefill_ms": round(seconds * 1e3, 1)})
             print(f"{'ours' if rewrite else 'ORT ':4s} prompt {n:5d}: prefill {seconds * 1e3:7.1f} ms", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "date": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, indent=1))
+    # the command as run from the repository root; run_record's own names bench/<script>
+    command = " ".join(["python", str(Path(__file__).resolve().relative_to(ROOT)), *sys.argv[1:]])
+    write_result(run_record(command=command, rows=rows), args.json)
     return 0
 
 

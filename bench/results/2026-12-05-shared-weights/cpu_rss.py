@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cpu import run_record, write_result  # noqa: E402  (bench/cpu.py: a result's opening, its file)
 
 
 def one(folder: str, variant: str) -> dict:
@@ -64,9 +67,9 @@ def main() -> int:
             r = rows[-1]
             print(f"{variant:3s}: load {r['load_s']:.2f} s, resident memory added {r['rss_added_bytes'] / 1e6:.0f} MB, "
                   f"MTP k=3 {r['tok_s_median']:.1f} tok/s, shared {r['reused_bytes'] / 1e6:.0f} MB", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "date": time.strftime(
-            "%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}, indent=1))
+    # the command as run from the repository root; run_record's own names bench/<script>
+    command = " ".join(["python", str(Path(__file__).resolve().relative_to(ROOT)), *sys.argv[1:]])
+    write_result(run_record(command=command, rows=rows), args.json)
     return 0
 
 
