@@ -40,8 +40,7 @@ class CpuDevice:
     asynchronous = False  # a run returns when its work is done: host work cannot overlap it
     # No driver.shared_weights copy: ONNX Runtime maps the folder's data files on the CPU, so the head's
     # session already reads the main graph's embedding and lm_head from the same page-cache pages, and
-    # a copy of ours would only add resident memory (measured: the small preset's MTP Generator 960 MB
-    # with it, 690 MB without).
+    # a copy of ours would only add resident memory (bench/results/2026-12-05-shared-weights, cpu_rss.py).
     shares_weights = False
 
     def __init__(self, threads: int | None = None):
